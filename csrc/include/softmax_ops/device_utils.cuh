@@ -1,0 +1,156 @@
+// Header-only device helpers shared by every CUDA kernel: dtype tags, conversions to/from the float
+// compute type, 16-byte vector packs, warp/block reductions and the online (max, sum) merge.
+// No ATen here: kernel files see raw pointers, sizes and a stream only (DESIGN.md §1).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace softmax_ops {
+
+// Element dtypes as the launchers pass them to kernel entry points (mirrors the at::ScalarType subset).
+enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
+
+namespace detail {
+
+constexpr int kWarpSize = 32;
+
+// float for half/bfloat16/float, double for double: the type the math is done in (DESIGN.md §3).
+template <typename T> struct ComputeTypeOf { using type = float; };
+template <> struct ComputeTypeOf<double> { using type = double; };
+template <typename T> using compute_t = typename ComputeTypeOf<T>::type;
+
+template <typename To, typename From>
+__device__ __forceinline__ To convert(From v) { return static_cast<To>(v); }
+template <> __device__ __forceinline__ float convert<float, __half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float convert<float, __nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+template <> __device__ __forceinline__ __half convert<__half, float>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 convert<__nv_bfloat16, float>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Elements per 16-byte access.
+template <typename T> constexpr int kVec16 = 16 / sizeof(T);
+
+// An aligned pack of N elements, loaded/stored as one vector instruction when N * sizeof(T) is 4/8/16.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* ptr) {
+  return *reinterpret_cast<const Pack<T, N>*>(ptr);
+}
+// Streaming load: data read once should not evict what another kernel pass will re-read from L2.
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> load_pack_stream(const T* ptr) {
+  static_assert(sizeof(Pack<T, N>) == 16 || sizeof(Pack<T, N>) == 8 || sizeof(Pack<T, N>) == 4 ||
+                    sizeof(Pack<T, N>) == 2,
+                "pack must be 2, 4, 8 or 16 bytes");
+  Pack<T, N> out;
+  if constexpr (sizeof(Pack<T, N>) == 16) {
+    *reinterpret_cast<int4*>(&out) = __ldcs(reinterpret_cast<const int4*>(ptr));
+  } else if constexpr (sizeof(Pack<T, N>) == 8) {
+    *reinterpret_cast<int2*>(&out) = __ldcs(reinterpret_cast<const int2*>(ptr));
+  } else {
+    out = *reinterpret_cast<const Pack<T, N>*>(ptr);
+  }
+  return out;
+}
+template <typename T, int N>
+__device__ __forceinline__ void store_pack(T* ptr, const Pack<T, N>& p) {
+  *reinterpret_cast<Pack<T, N>*>(ptr) = p;
+}
+
+template <typename T>
+__device__ __forceinline__ bool is_aligned(const T* ptr, int bytes) {
+  return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0;
+}
+
+// NaN-propagating max (fmaxf drops NaN, torch's softmax propagates it).
+template <typename C>
+__device__ __forceinline__ C nan_max(C a, C b) { return (a != a || a > b) ? a : b; }
+
+template <typename C>
+__device__ __forceinline__ C fast_exp(C x) { return exp(x); }
+template <>
+__device__ __forceinline__ float fast_exp<float>(float x) { return __expf(x); }
+
+template <typename C>
+__device__ __forceinline__ C fast_log(C x) { return log(x); }
+template <>
+__device__ __forceinline__ float fast_log<float>(float x) { return __logf(x); }
+
+// Reductions over `Width` consecutive lanes (Width a power of two <= 32); every lane gets the result.
+template <int Width = kWarpSize, typename C>
+__device__ __forceinline__ C warp_sum(C v) {
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset, Width);
+  return v;
+}
+template <int Width = kWarpSize, typename C>
+__device__ __forceinline__ C warp_max(C v) {
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, offset, Width));
+  return v;
+}
+
+// Online softmax state: running max m and sum d of exp(x - m) over the elements seen so far.
+// Merging (m1, d1) and (m2, d2): m = max(m1, m2); d = d1 * exp(m1 - m) + d2 * exp(m2 - m).
+// Empty state is (-inf, 0); merging with it must not create NaN, hence the guards.
+template <typename C>
+struct MaxSum {
+  C max;
+  C sum;
+};
+
+template <typename C>
+__device__ __forceinline__ MaxSum<C> empty_max_sum() {
+  return {-static_cast<C>(INFINITY), static_cast<C>(0)};
+}
+
+template <typename C>
+__device__ __forceinline__ MaxSum<C> merge_max_sum(MaxSum<C> a, MaxSum<C> b) {
+  const C m = nan_max(a.max, b.max);
+  // exp(-inf - (-inf)) would be NaN: an empty side contributes 0 whatever the other max is.
+  const C sa = (a.sum == C(0)) ? C(0) : a.sum * fast_exp(a.max - m);
+  const C sb = (b.sum == C(0)) ? C(0) : b.sum * fast_exp(b.max - m);
+  return {m, sa + sb};
+}
+
+template <int Width = kWarpSize, typename C>
+__device__ __forceinline__ MaxSum<C> warp_merge_max_sum(MaxSum<C> s) {
+#pragma unroll
+  for (int offset = Width / 2; offset > 0; offset /= 2) {
+    MaxSum<C> other{__shfl_xor_sync(0xffffffffu, s.max, offset, Width),
+                    __shfl_xor_sync(0xffffffffu, s.sum, offset, Width)};
+    s = merge_max_sum(s, other);
+  }
+  return s;
+}
+
+// Block-wide all-reduce of one value with a binary op; `scratch` holds >= blockDim.x / 32 values.
+// Every thread gets the result. Ends with a barrier, so scratch may be reused right after.
+template <typename C, typename Op>
+__device__ __forceinline__ C block_all_reduce(C v, C* scratch, Op op) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = (blockDim.x + kWarpSize - 1) / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  C r = scratch[0];
+  for (int w = 1; w < num_warps; ++w) r = op(r, scratch[w]);  // same order in every thread: deterministic
+  __syncthreads();
+  return r;
+}
+
+}  // namespace detail
+}  // namespace softmax_ops

@@ -1,0 +1,96 @@
+#include "softmax_ops/op_checks.h"
+
+#include <c10/util/Exception.h>
+
+namespace softmax_ops {
+
+static bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
+}
+
+void check_floating(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK_TYPE(is_supported_float(t.scalar_type()), "softmax_ops.", op, ": ", arg,
+                   " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
+}
+
+int64_t wrap_dim(const at::Tensor& self, int64_t dim, const char* op) {
+  const int64_t ndim = std::max<int64_t>(self.dim(), 1);  // 0-d behaves like 1-d for dim wrapping
+  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.", op, ": dim (got ", dim,
+                    ") is out of range for a tensor with ", self.dim(), " dimensions (expected in [", -ndim,
+                    ", ", ndim - 1, "])");
+  return dim < 0 ? dim + ndim : dim;
+}
+
+RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim) {
+  RowLayout layout;
+  if (contiguous.dim() == 0) return layout;
+  const auto sizes = contiguous.sizes();
+  for (int64_t d = 0; d < wrapped_dim; ++d) layout.outer *= sizes[d];
+  layout.n = sizes[wrapped_dim];
+  for (int64_t d = wrapped_dim + 1; d < contiguous.dim(); ++d) layout.inner *= sizes[d];
+  return layout;
+}
+
+at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::ScalarType> dtype,
+                                    const char* op) {
+  check_floating(self, op, "self");
+  if (!dtype.has_value()) return self.scalar_type();
+  TORCH_CHECK_TYPE(is_supported_float(*dtype), "softmax_ops.", op,
+                   ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
+  return *dtype;
+}
+
+at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dtype) {
+  const at::ScalarType in = self.scalar_type();
+  const bool half_to_float = (in == at::kHalf || in == at::kBFloat16) && result_dtype == at::kFloat;
+  if (in == result_dtype || half_to_float) return self.contiguous();
+  return self.to(result_dtype).contiguous();
+}
+
+int64_t check_topk_k(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {
+  const int64_t n = self.dim() == 0 ? 1 : self.size(wrapped_dim);
+  TORCH_CHECK_VALUE(k >= 1 && k <= n, "softmax_ops.fused_topk: k (got ", k,
+                    ") must be in [1, N] where N = ", n, " is the size of dim ", wrapped_dim);
+  return n;
+}
+
+void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor& output,
+                                 at::ScalarType input_dtype, const char* op) {
+  check_floating(grad_output, op, "grad_output");
+  check_floating(output, op, "output");
+  TORCH_CHECK_TYPE(is_supported_float(input_dtype), "softmax_ops.", op,
+                   ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
+  TORCH_CHECK(grad_output.device() == output.device(), "softmax_ops.", op,
+              ": grad_output and output must be on the same device, got ", grad_output.device(), " and ",
+              output.device());
+  TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), "softmax_ops.", op, ": grad_output shape ",
+                    grad_output.sizes(), " must equal output shape ", output.sizes());
+}
+
+void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
+                              const at::Tensor& indices, int64_t wrapped_dim) {
+  check_floating(self, "fused_topk_backward", "self");
+  check_floating(grad_values, "fused_topk_backward", "grad_values");
+  TORCH_CHECK_TYPE(indices.scalar_type() == at::kLong,
+                   "softmax_ops.fused_topk_backward: indices must be int64, got ", indices.scalar_type());
+  for (const at::Tensor* t : {&grad_values, &values, &indices}) {
+    TORCH_CHECK(t->device() == self.device(),
+                "softmax_ops.fused_topk_backward: grad_values, values and indices must be on self's device ",
+                self.device(), ", got ", t->device());
+  }
+  TORCH_CHECK_VALUE(grad_values.sizes() == indices.sizes() && values.sizes() == indices.sizes(),
+                    "softmax_ops.fused_topk_backward: grad_values ", grad_values.sizes(), ", values ",
+                    values.sizes(), " and indices ", indices.sizes(), " must have the same shape");
+  const int64_t k = indices.dim() == 0 ? 1 : indices.size(wrapped_dim);
+  TORCH_CHECK_VALUE(topk_output_shape(self, wrapped_dim, k) == indices.sizes().vec(),
+                    "softmax_ops.fused_topk_backward: indices shape ", indices.sizes(),
+                    " does not match self shape ", self.sizes(), " with dim ", wrapped_dim, " of size k");
+}
+
+std::vector<int64_t> topk_output_shape(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {
+  std::vector<int64_t> shape = self.sizes().vec();
+  if (!shape.empty()) shape[wrapped_dim] = k;
+  return shape;
+}
+
+}  // namespace softmax_ops

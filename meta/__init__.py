@@ -1,0 +1,129 @@
+"""Fake (meta) implementations of every softmax_ops op: shapes, dtypes, strides and errors only.
+
+torch.compile traces with these, and opcheck compares them with the real kernels. They state the output
+contract (always a contiguous tensor of the stated shape); they never re-derive launch logic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_float(t: torch.Tensor, op: str, arg: str) -> None:
+    torch._check(
+        t.dtype in _FLOATS,
+        lambda: f"softmax_ops.{op}: {arg} must be float32, float16, bfloat16 or float64, got {t.dtype}",
+    )
+
+
+def _wrap_dim(x: torch.Tensor, dim: int, op: str) -> int:
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise IndexError(
+            f"softmax_ops.{op}: dim (got {dim}) is out of range for a tensor with {x.dim()} dimensions "
+            f"(expected in [{-ndim}, {ndim - 1}])"
+        )
+    return dim % ndim
+
+
+def _result_dtype(x: torch.Tensor, dtype: torch.dtype | None, op: str) -> torch.dtype:
+    _check_float(x, op, "self")
+    if dtype is None:
+        return x.dtype
+    torch._check(
+        dtype in _FLOATS,
+        lambda: f"softmax_ops.{op}: dtype must be float32, float16, bfloat16 or float64, got {dtype}",
+    )
+    return dtype
+
+
+@torch.library.register_fake("softmax_ops::softmax")
+def softmax_fake(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    _wrap_dim(x, dim, "softmax")
+    return x.new_empty(x.shape, dtype=_result_dtype(x, dtype, "softmax"))
+
+
+@torch.library.register_fake("softmax_ops::log_softmax")
+def log_softmax_fake(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    _wrap_dim(x, dim, "log_softmax")
+    return x.new_empty(x.shape, dtype=_result_dtype(x, dtype, "log_softmax"))
+
+
+def _backward_fake(
+    grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype, op: str
+) -> torch.Tensor:
+    _check_float(grad_output, op, "grad_output")
+    _check_float(output, op, "output")
+    torch._check(
+        input_dtype in _FLOATS,
+        lambda: f"softmax_ops.{op}: input_dtype must be float32, float16, bfloat16 or float64",
+    )
+    torch._check(
+        grad_output.shape == output.shape,
+        lambda: f"softmax_ops.{op}: grad_output shape {tuple(grad_output.shape)} must equal output shape "
+        f"{tuple(output.shape)}",
+    )
+    _wrap_dim(output, dim, op)
+    return output.new_empty(output.shape, dtype=input_dtype)
+
+
+@torch.library.register_fake("softmax_ops::softmax_backward")
+def softmax_backward_fake(
+    grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype
+) -> torch.Tensor:
+    return _backward_fake(grad_output, output, dim, input_dtype, "softmax_backward")
+
+
+@torch.library.register_fake("softmax_ops::log_softmax_backward")
+def log_softmax_backward_fake(
+    grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype
+) -> torch.Tensor:
+    return _backward_fake(grad_output, output, dim, input_dtype, "log_softmax_backward")
+
+
+def _topk_shape(x: torch.Tensor, dim: int, k: int) -> list:
+    shape = list(x.shape)
+    if shape:
+        shape[dim] = k
+    return shape
+
+
+@torch.library.register_fake("softmax_ops::fused_topk")
+def fused_topk_fake(
+    x: torch.Tensor, k: int, dim: int = -1, renormalize: bool = False, dtype: torch.dtype | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    result_dtype = _result_dtype(x, dtype, "fused_topk")
+    wrapped = _wrap_dim(x, dim, "fused_topk")
+    n = x.shape[wrapped] if x.dim() > 0 else 1
+    torch._check_value(
+        1 <= k and k <= n,
+        lambda: f"softmax_ops.fused_topk: k (got {k}) must be in [1, N] where N = {n} is the size of dim "
+        f"{wrapped}",
+    )
+    shape = _topk_shape(x, wrapped, k)
+    return x.new_empty(shape, dtype=result_dtype), x.new_empty(shape, dtype=torch.int64)
+
+
+@torch.library.register_fake("softmax_ops::fused_topk_backward")
+def fused_topk_backward_fake(
+    grad_values: torch.Tensor,
+    x: torch.Tensor,
+    values: torch.Tensor,
+    indices: torch.Tensor,
+    dim: int,
+    renormalize: bool,
+) -> torch.Tensor:
+    _check_float(x, "fused_topk_backward", "self")
+    _check_float(grad_values, "fused_topk_backward", "grad_values")
+    torch._check(
+        indices.dtype == torch.int64,
+        lambda: f"softmax_ops.fused_topk_backward: indices must be int64, got {indices.dtype}",
+    )
+    wrapped = _wrap_dim(x, dim, "fused_topk_backward")
+    torch._check(
+        grad_values.shape == indices.shape and values.shape == indices.shape,
+        lambda: "softmax_ops.fused_topk_backward: grad_values, values and indices must have the same shape",
+    )
+    return x.new_empty(x.shape)

@@ -1,0 +1,56 @@
+"""Typed public wrappers over the `torch.ops.softmax_ops` ops."""
+
+from __future__ import annotations
+
+import torch
+
+
+def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Softmax of ``x`` along ``dim``, with exactly ``torch.softmax``'s semantics.
+
+    With ``dtype`` the input is cast to ``dtype`` first and the result has that dtype (float16/bfloat16
+    input with ``dtype=torch.float32`` is read directly, with no extra pass). Differentiable.
+
+    Example:
+        >>> import torch, softmax_ops
+        >>> x = torch.tensor([[1.0, 2.0, 3.0]])
+        >>> softmax_ops.softmax(x, dim=-1)
+        tensor([[0.0900, 0.2447, 0.6652]])
+    """
+    return torch.ops.softmax_ops.softmax.default(x, dim, dtype)
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Log-softmax of ``x`` along ``dim``, with exactly ``torch.log_softmax``'s semantics. Differentiable.
+
+    Example:
+        >>> import torch, softmax_ops
+        >>> softmax_ops.log_softmax(torch.tensor([0.0, 0.0]), dim=0)
+        tensor([-0.6931, -0.6931])
+    """
+    return torch.ops.softmax_ops.log_softmax.default(x, dim, dtype)
+
+
+def fused_topk(
+    x: torch.Tensor,
+    k: int,
+    dim: int = -1,
+    renormalize: bool = False,
+    dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest softmax probabilities of ``x`` along ``dim`` and their indices, in one pass.
+
+    ``values`` equals ``torch.topk(torch.softmax(x, dim, dtype=dtype), k, dim).values`` (sorted
+    descending); with ``renormalize=True`` they are divided by their sum, i.e. the softmax over the k
+    selected logits (the MoE-router form). ``indices`` are int64, distinct and in ``[0, N)`` for any input,
+    NaN and inf included; equal values go to the lower index. Differentiable w.r.t. ``x``.
+
+    Example:
+        >>> import torch, softmax_ops
+        >>> values, indices = softmax_ops.fused_topk(torch.tensor([[1.0, 3.0, 2.0]]), k=2)
+        >>> indices
+        tensor([[1, 2]])
+        >>> softmax_ops.fused_topk(torch.tensor([[1.0, 3.0, 2.0]]), k=2, renormalize=True)[0]
+        tensor([[0.7311, 0.2689]])
+    """
+    return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, dtype)
