@@ -9,11 +9,12 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 from softmax_ops._build import load_extension as _load_extension
+from softmax_ops._build import import_meta as _import_meta
 
 _load_extension()
+meta = _import_meta()  # registers the fake implementations
 
 from softmax_ops import _autograd  # noqa: E402
-from softmax_ops import meta  # noqa: E402,F401  (registers the fake implementations)
 from softmax_ops.kernels import (  # noqa: E402
     apply_env_overrides as _apply_env_overrides,
     explain,

@@ -24,7 +24,11 @@ DEFAULT_CUDA_ARCH = "9.0"  # Hopper: the GPUs this project is tuned on (H100/H20
 
 
 def csrc_dir() -> Path:
-    """The folder holding the C++/CUDA sources (the `softmax_ops.csrc` package)."""
+    """The folder holding the C++/CUDA sources: the installed `softmax_ops.csrc` package, or `csrc/` beside
+    the package when running from a source checkout."""
+    checkout = Path(__file__).resolve().parent.parent / "csrc"
+    if (checkout / "registration.cpp").is_file():
+        return checkout
     spec = importlib.util.find_spec("softmax_ops.csrc")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("softmax_ops: cannot find the C++ sources (package softmax_ops.csrc is missing)")
@@ -109,8 +113,8 @@ def load_extension(verbose: bool | None = None) -> None:
     with_cuda, why = cuda_build_enabled()
     arch = cuda_arch_list() if with_cuda else ""
     sources = source_files(with_cuda)
-    cflags = ["-O3", "-std=c++17"]
-    cuda_flags = ["-O3", "-std=c++17", "--use_fast_math", "-lineinfo", "--expt-relaxed-constexpr"]
+    cflags = ["-O3"]  # torch adds its own -std (C++17 or C++20 by version)
+    cuda_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if with_cuda:
         cflags.append("-DSOFTMAX_OPS_WITH_CUDA")
         cuda_flags.append("-DSOFTMAX_OPS_WITH_CUDA")
@@ -141,3 +145,20 @@ def load_extension(verbose: bool | None = None) -> None:
         stamp.write_text(fingerprint)
         print(f"softmax_ops: extension built in {time.perf_counter() - start:.1f} s", file=sys.stderr,
               flush=True)
+
+
+def import_meta():
+    """Import the fake implementations as `softmax_ops.meta`: the installed subpackage, or `meta/` beside the
+    package when running from a source checkout (where the build's package-dir mapping does not apply)."""
+    import importlib
+
+    checkout = Path(__file__).resolve().parent.parent / "meta" / "__init__.py"
+    if not checkout.is_file():
+        return importlib.import_module("softmax_ops.meta")
+    if "softmax_ops.meta" in sys.modules:
+        return sys.modules["softmax_ops.meta"]
+    spec = importlib.util.spec_from_file_location("softmax_ops.meta", checkout)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["softmax_ops.meta"] = module
+    spec.loader.exec_module(module)
+    return module

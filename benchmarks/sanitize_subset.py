@@ -1,0 +1,56 @@
+"""Runs every CUDA kernel of every family once or twice on small awkward shapes, for compute-sanitizer.
+
+Usage on a GPU machine: compute-sanitizer --tool memcheck python3 benchmarks/sanitize_subset.py
+A forced kernel that cannot handle a shape raises; those combinations are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import softmax_ops
+
+SHAPES = [(3, 1), (5, 33), (2, 1000), (3, 4097), (2, 70001), (1, 300007)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def run_family(family: str, call) -> tuple[int, int]:
+    ran = skipped = 0
+    for kernel in softmax_ops.list_kernels(family):
+        with softmax_ops.force_kernel(family, kernel):
+            for shape in SHAPES:
+                for dtype in DTYPES:
+                    x = (torch.randn(shape, device="cuda") * 3).to(dtype)[:, 1:] if shape[1] > 1 else \
+                        torch.randn(shape, device="cuda").to(dtype)
+                    try:
+                        call(x)
+                        torch.cuda.synchronize()
+                        ran += 1
+                    except (RuntimeError, ValueError) as error:
+                        if "cannot" not in str(error) and "can't" not in str(error):
+                            raise
+                        skipped += 1
+    return ran, skipped
+
+
+def main() -> None:
+    def softmax_fwd_bwd(x):
+        x = x.detach().requires_grad_(True)
+        softmax_ops.softmax(x, -1).sum().backward()
+        softmax_ops.log_softmax(x, -1, dtype=torch.float32).sum().backward()
+
+    def topk_fwd_bwd(x):
+        k = min(8, x.shape[-1])
+        x = x.detach().requires_grad_(True)
+        values, _ = softmax_ops.fused_topk(x, k, -1, False)
+        values.sum().backward()
+        softmax_ops.fused_topk(x, x.shape[-1], -1, True)
+
+    for family, call in [("softmax", softmax_fwd_bwd), ("softmax_backward", softmax_fwd_bwd),
+                         ("topk", topk_fwd_bwd), ("topk_backward", topk_fwd_bwd)]:
+        ran, skipped = run_family(family, call)
+        print(f"{family}: {ran} runs, {skipped} shape/kernel combinations not supported by the forced kernel")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,397 @@
+"""The op contract on every device present: numerics vs a float64 reference and vs torch, special values,
+shapes (any dim, 0-d, empty, non-contiguous), dtype=, autograd, opcheck and bad inputs.
+
+CUDA-kernel-specific coverage (every kernel forced across its size boundaries) lives in test_cuda_*.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_within_2x_torch, requires_cuda
+
+import softmax_ops
+
+SOFTMAX_OPS = [
+    (softmax_ops.softmax, torch.softmax),
+    (softmax_ops.log_softmax, torch.log_softmax),
+]
+SOFTMAX_IDS = ["softmax", "log_softmax"]
+
+# (shape, dim): rows of length 1, odd lengths, every dim of a 3-d tensor, negative dims.
+SHAPES_AND_DIMS = [
+    ((7,), 0),
+    ((1, 1), -1),
+    ((3, 1), 1),
+    ((5, 33), -1),
+    ((4, 1000), 1),
+    ((2, 3, 17), 0),
+    ((2, 3, 17), 1),
+    ((2, 3, 17), 2),
+    ((2, 3, 17), -2),
+    ((3, 2, 5, 4), 2),
+]
+
+# dtype= pairs: (input dtype, requested dtype); None means "no dtype argument".
+DTYPE_PAIRS = [
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float16),
+    (torch.float32, torch.float64),
+    (torch.float64, torch.float32),
+    (torch.float32, None),
+]
+
+
+def make_input(shape, dtype, device, seed=0, scale=3.0):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype).to(device)
+
+
+def reference(torch_fn, x, dim, dtype=None):
+    """float64 reference of torch_fn(x, dim, dtype=dtype): cast to dtype first, exactly as torch does."""
+    cast = x.to(dtype) if dtype is not None else x
+    return torch_fn(cast.double().cpu(), dim)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("shape,dim", SHAPES_AND_DIMS)
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_matches_reference(ours, torch_fn, shape, dim, dtype, device):
+    x = make_input(shape, dtype, device)
+    out = ours(x, dim)
+    assert out.dtype == dtype and out.shape == x.shape and out.is_contiguous()
+    assert_within_2x_torch(out, torch_fn(x, dim), reference(torch_fn, x, dim))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_dtype_argument(ours, torch_fn, in_dtype, out_dtype, device):
+    x = make_input((6, 129), in_dtype, device, seed=1)
+    out = ours(x, -1, dtype=out_dtype)
+    expected = torch_fn(x, -1, dtype=out_dtype)
+    assert out.dtype == expected.dtype
+    assert_within_2x_torch(out, expected, reference(torch_fn, x, -1, out_dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_non_contiguous_and_unaligned(ours, torch_fn, dtype, device):
+    base = make_input((9, 66), dtype, device, seed=2)
+    for x, dim in [(base.t(), 0), (base.t(), 1), (base[:, 1:], -1), (base[::2, 3:], -1), (base[1:, 1:].t(), 0)]:
+        out = ours(x, dim)
+        assert_within_2x_torch(out, torch_fn(x, dim), reference(torch_fn, x, dim))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_special_values(ours, torch_fn, dtype, device):
+    inf, nan = float("inf"), float("nan")
+    rows = torch.tensor(
+        [
+            [1.0, 2.0, nan, 3.0],  # NaN anywhere -> NaN row
+            [1.0, inf, 2.0, 3.0],  # +inf -> NaN where torch gives NaN
+            [-inf, -inf, -inf, -inf],  # all -inf -> NaN
+            [-inf, 0.0, 1.0, -inf],  # -inf entries -> exactly 0 (softmax) / -inf (log_softmax)
+            [inf, inf, 0.0, 0.0],
+            [-inf, -inf, 5.0, -inf],
+            [60000.0, -60000.0, 0.0, 1.0],  # large magnitudes, finite in every dtype
+        ],
+        dtype=torch.float64,
+    ).to(dtype).to(device)
+    out = ours(rows, -1)
+    expected = torch_fn(rows, -1)
+    assert torch.equal(torch.isnan(out), torch.isnan(expected))
+    assert_within_2x_torch(out, expected, reference(torch_fn, rows, -1))
+    if ours is softmax_ops.softmax:
+        assert out[3, 0].item() == 0.0 and out[3, 3].item() == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_zero_dim_and_empty(ours, torch_fn, device):
+    scalar = torch.tensor(2.5, device=device)
+    for dim in (0, -1):
+        assert torch.equal(ours(scalar, dim).cpu(), torch_fn(scalar, dim).cpu())
+    for shape, dim in [((0, 5), 1), ((5, 0), 1), ((5, 0), 0), ((0,), 0)]:
+        x = torch.empty(shape, device=device)
+        out = ours(x, dim)
+        assert out.shape == x.shape and out.numel() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
+def test_softmax_backward_matches_torch(ours, torch_fn, dtype, device):
+    for shape, dim, out_dtype in [((4, 37), -1, None), ((3, 5, 7), 1, None), ((6, 40), -1, torch.float32)]:
+        x = make_input(shape, dtype, device, seed=3)
+        grad = make_input(shape, out_dtype or dtype, device, seed=4, scale=1.0)
+        x_ours = x.clone().requires_grad_(True)
+        x_torch = x.clone().requires_grad_(True)
+        ours(x_ours, dim, dtype=out_dtype).backward(grad)
+        torch_fn(x_torch, dim, dtype=out_dtype).backward(grad)
+        x_ref = x.double().cpu().requires_grad_(True)
+        torch_fn(x_ref, dim).backward(grad.double().cpu())
+        assert x_ours.grad.dtype == dtype
+        assert_within_2x_torch(x_ours.grad, x_torch.grad, x_ref.grad)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("ours", [softmax_ops.softmax, softmax_ops.log_softmax], ids=SOFTMAX_IDS)
+def test_softmax_gradcheck(ours, device):
+    x = make_input((3, 6), torch.float64, device, seed=5).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: ours(t, -1), (x,))
+    y = make_input((4, 3, 2), torch.float64, device, seed=6).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: ours(t, 1), (y,))
+
+
+# ---------------------------------------------------------------------------------------------- fused_topk
+
+TOPK_CASES = [  # (shape, k, dim)
+    ((5, 8), 2, -1),
+    ((3, 60), 4, -1),
+    ((4, 160), 6, 1),
+    ((2, 1000), 50, -1),
+    ((2, 17), 17, -1),  # k == N
+    ((1, 1), 1, -1),
+    ((6, 9, 3), 3, 1),  # non-last dim
+    ((9,), 4, 0),
+]
+
+
+def topk_reference(x, k, dim, renormalize, dtype=None):
+    """Independent reference: a stable descending sort of the float64 logits (NaN first, ties to the lower
+    index) and the float64 softmax gathered at those indices."""
+    cast = x.to(dtype) if dtype is not None else x
+    logits = cast.double().cpu()
+    indices = torch.sort(logits, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+    values = torch.softmax(logits, dim).gather(dim, indices)
+    if renormalize:
+        values = values / values.sum(dim, keepdim=True)
+    return values, indices
+
+
+def distinct_logits(shape, dim, dtype, device, seed=0):
+    """Logits along dim that are a random permutation of an even grid over [-4, 4): distinct and well
+    separated in float32/float64 (and in half dtypes for N up to ~256; beyond that ties may appear, which
+    the stable-sort reference resolves exactly as the contract says)."""
+    generator = torch.Generator().manual_seed(seed)
+    n = shape[dim]
+    moved = list(shape)
+    moved.append(moved.pop(dim))
+    grid = torch.arange(n, dtype=torch.float64) * (8.0 / n) - 4.0
+    rows = torch.stack([grid[torch.randperm(n, generator=generator)] for _ in range(math.prod(moved[:-1]))])
+    x = rows.reshape(moved).movedim(-1, dim)
+    return x.to(dtype).to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("shape,k,dim", TOPK_CASES)
+def test_fused_topk_matches_reference(shape, k, dim, renormalize, dtype, device):
+    x = distinct_logits(shape, dim, dtype, device)
+    values, indices = softmax_ops.fused_topk(x, k, dim, renormalize)
+    ref_values, ref_indices = topk_reference(x, k, dim, renormalize)
+    assert values.dtype == dtype and indices.dtype == torch.int64
+    assert values.is_contiguous() and indices.is_contiguous()
+    assert torch.equal(indices.cpu(), ref_indices)
+    torch_values = torch.topk(torch.softmax(x, dim), k, dim).values
+    if renormalize:
+        torch_values = torch_values / torch_values.sum(dim, keepdim=True)
+    assert_within_2x_torch(values, torch_values, ref_values)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
+def test_fused_topk_dtype_argument(in_dtype, out_dtype, device):
+    x = distinct_logits((4, 64), -1, in_dtype, device, seed=7)
+    values, indices = softmax_ops.fused_topk(x, 6, -1, False, out_dtype)
+    expected = torch.topk(torch.softmax(x, -1, dtype=out_dtype), 6, -1)
+    ref_values, ref_indices = topk_reference(x, 6, -1, False, out_dtype)
+    assert values.dtype == expected.values.dtype
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_within_2x_torch(values, expected.values, ref_values)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_fused_topk_ties_go_to_lower_index(dtype, device):
+    x = torch.tensor([[1.0, 3.0, 2.0, 3.0, 3.0, 0.0], [0.5] * 6], dtype=dtype, device=device)
+    _, indices = softmax_ops.fused_topk(x, 4)
+    assert indices.tolist() == [[1, 3, 4, 2], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_fused_topk_special_values_give_distinct_in_range_indices(renormalize, dtype, device):
+    inf, nan = float("inf"), float("nan")
+    rows = torch.tensor(
+        [
+            [nan, 1.0, nan, 2.0, 0.0],
+            [nan, nan, nan, nan, nan],
+            [1.0, inf, 2.0, inf, 0.0],
+            [-inf, -inf, -inf, -inf, -inf],
+            [-inf, 1.0, -inf, 0.0, -inf],
+        ],
+        dtype=dtype,
+        device=device,
+    )
+    for k in (1, 3, 5):
+        values, indices = softmax_ops.fused_topk(rows, k, -1, renormalize)
+        for row in indices.tolist():
+            assert len(set(row)) == k and all(0 <= i < 5 for i in row)
+        ref_values, ref_indices = topk_reference(rows, k, -1, renormalize)
+        assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+        assert torch.equal(indices.cpu(), ref_indices)
+        finite = ~torch.isnan(ref_values)
+        assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_topk_zero_dim_and_empty(device):
+    values, indices = softmax_ops.fused_topk(torch.tensor(0.3, device=device), 1)
+    assert values.dim() == 0 and values.item() == 1.0 and indices.item() == 0
+    values, indices = softmax_ops.fused_topk(torch.empty(0, 7, device=device), 3)
+    assert values.shape == (0, 3) and indices.shape == (0, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_topk_non_contiguous(device):
+    base = distinct_logits((12, 50), -1, torch.float32, device, seed=8)
+    for x, dim in [(base.t(), 0), (base[:, 1:], -1), (base[::3], -1)]:
+        values, indices = softmax_ops.fused_topk(x, 5, dim, True)
+        ref_values, ref_indices = topk_reference(x, 5, dim, True)
+        assert torch.equal(indices.cpu(), ref_indices)
+        assert torch.allclose(values.cpu().double(), ref_values, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_fused_topk_gradcheck(renormalize, device):
+    # Well-separated logits so that the finite-difference steps never change the selection.
+    for shape, k, dim in [((3, 7), 3, -1), ((2, 5, 3), 2, 1), ((4, 6), 6, -1)]:
+        x = distinct_logits(shape, dim, torch.float64, device, seed=9).requires_grad_(True)
+        assert torch.autograd.gradcheck(lambda t: softmax_ops.fused_topk(t, k, dim, renormalize)[0], (x,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_fused_topk_backward_matches_torch_autograd(renormalize, dtype, device):
+    x = distinct_logits((8, 96), -1, dtype, device, seed=10)
+    grad = make_input((8, 5), dtype, device, seed=11, scale=1.0)
+    x_ours = x.clone().requires_grad_(True)
+    softmax_ops.fused_topk(x_ours, 5, -1, renormalize)[0].backward(grad)
+    x_ref = x.double().cpu().requires_grad_(True)
+    values = torch.topk(torch.softmax(x_ref, -1), 5, -1).values
+    if renormalize:
+        values = values / values.sum(-1, keepdim=True)
+    values.backward(grad.double().cpu())
+    x_torch = x.clone().requires_grad_(True)
+    values = torch.topk(torch.softmax(x_torch, -1), 5, -1).values
+    if renormalize:
+        values = values / values.sum(-1, keepdim=True)
+    values.backward(grad)
+    assert x_ours.grad.dtype == dtype
+    assert_within_2x_torch(x_ours.grad, x_torch.grad, x_ref.grad)
+
+
+# ---------------------------------------------------------------------------------------------- opcheck
+
+def opcheck_samples(device):
+    """(op, args) pairs over every op: dims, non-contiguous inputs, dtypes, requires_grad on and off."""
+    samples = []
+    for dtype in FLOAT_DTYPES:
+        for requires_grad in (False, True):
+            x = make_input((4, 19), dtype, device, seed=12).requires_grad_(requires_grad)
+            x3 = make_input((3, 5, 6), dtype, device, seed=13).requires_grad_(requires_grad)
+            xt = make_input((11, 7), dtype, device, seed=14).t().requires_grad_(requires_grad)
+            for op in (torch.ops.softmax_ops.softmax, torch.ops.softmax_ops.log_softmax):
+                samples += [(op, (x, -1, None)), (op, (x3, 1, None)), (op, (xt, 0, None))]
+                if dtype in (torch.float16, torch.bfloat16):
+                    samples.append((op, (x, -1, torch.float32)))
+            samples += [
+                (torch.ops.softmax_ops.fused_topk, (x, 3, -1, False, None)),
+                (torch.ops.softmax_ops.fused_topk, (x3, 2, 1, True, None)),
+                (torch.ops.softmax_ops.fused_topk, (xt, 7, 1, True, torch.float32)),
+            ]
+        y = torch.softmax(make_input((4, 19), dtype, device, seed=15), -1)
+        g = make_input((4, 19), dtype, device, seed=16)
+        samples += [
+            (torch.ops.softmax_ops.softmax_backward, (g, y, -1, dtype)),
+            (torch.ops.softmax_ops.log_softmax_backward, (g, y.log(), -1, dtype)),
+        ]
+        x = make_input((4, 19), dtype, device, seed=17)
+        values, indices = torch.ops.softmax_ops.fused_topk(x, 3, -1, False, None)
+        samples.append(
+            (torch.ops.softmax_ops.fused_topk_backward, (torch.ones_like(values), x, values, indices, -1, False))
+        )
+    return samples
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_every_op(device):
+    samples = opcheck_samples(device)
+    checked_ops = {op for op, _ in samples}
+    assert len(checked_ops) == 6
+    for op, args in samples:
+        torch.library.opcheck(op, args)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_inputs_raise_clear_errors(device):
+    x = torch.randn(4, 8, device=device)
+    with pytest.raises(TypeError, match="self must be float"):
+        softmax_ops.softmax(torch.arange(8, device=device), -1)
+    with pytest.raises(TypeError, match="dtype must be float"):
+        softmax_ops.softmax(x, -1, dtype=torch.int32)
+    with pytest.raises(IndexError, match="dim"):
+        softmax_ops.log_softmax(x, 2)
+    with pytest.raises(IndexError, match="dim"):
+        softmax_ops.fused_topk(x, 2, -3)
+    with pytest.raises(ValueError, match="k"):
+        softmax_ops.fused_topk(x, 0)
+    with pytest.raises(ValueError, match="k"):
+        softmax_ops.fused_topk(x, 9)
+    with pytest.raises(TypeError, match="self must be float"):
+        softmax_ops.fused_topk(torch.ones(4, 8, dtype=torch.int64, device=device), 2)
+    y = torch.softmax(x, -1)
+    with pytest.raises(ValueError, match="grad_output shape"):
+        torch.ops.softmax_ops.softmax_backward(torch.ones(4, 7, device=device), y, -1, torch.float32)
+    with pytest.raises(ValueError, match="grad_output shape"):
+        torch.ops.softmax_ops.log_softmax_backward(torch.ones(3, 8, device=device), y, -1, torch.float32)
+    values, indices = softmax_ops.fused_topk(x, 3)
+    with pytest.raises(ValueError, match="grad_values"):
+        torch.ops.softmax_ops.fused_topk_backward(torch.ones(4, 2, device=device), x, values, indices, -1, False)
+    x.requires_grad_(True)
+    with pytest.raises(RuntimeError, match="grad"):
+        softmax_ops.softmax(x, -1).backward(torch.ones(4, 7, device=device))
+
+
+@requires_cuda
+def test_mixed_devices_raise():
+    y = torch.softmax(torch.randn(4, 8, device="cuda"), -1)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ops.softmax_ops.softmax_backward(torch.ones(4, 8), y, -1, torch.float32)
+    x = torch.randn(4, 8, device="cuda")
+    values, indices = softmax_ops.fused_topk(x, 3)
+    with pytest.raises(RuntimeError, match="device"):
+        torch.ops.softmax_ops.fused_topk_backward(torch.ones(4, 3), x, values, indices, -1, False)
+
+
+def test_cuda_presence_is_consistent_with_build():
+    # In a CPU-only build the kernel menu is empty; with CUDA compiled, every family lists kernels.
+    families = {family: softmax_ops.list_kernels(family) for family in softmax_ops.kernels.FAMILIES}
+    if HAS_CUDA:
+        assert all(families.values()), families
+    assert isinstance(softmax_ops.explain((4, 4096), torch.float16), str)
