@@ -24,9 +24,19 @@ from softmax_ops.kernels import (  # noqa: E402
     set_kernel,
 )
 from softmax_ops.ops import fused_topk, log_softmax, softmax  # noqa: E402
+from softmax_ops.compile_pass import (  # noqa: E402
+    compile_report,
+    disable,
+    disabled_by_environment as _disabled_by_environment,
+    enable,
+    is_enabled,
+    reset_compile_report,
+)
 
 _autograd.register()
 _apply_env_overrides()
+if not _disabled_by_environment():
+    enable()
 
 __all__ = [
     "softmax",
@@ -37,4 +47,9 @@ __all__ = [
     "set_kernel",
     "get_kernel",
     "list_kernels",
+    "enable",
+    "disable",
+    "is_enabled",
+    "compile_report",
+    "reset_compile_report",
 ]

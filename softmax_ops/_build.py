@@ -114,6 +114,10 @@ def load_extension(verbose: bool | None = None) -> None:
     arch = cuda_arch_list() if with_cuda else ""
     sources = source_files(with_cuda)
     cflags = ["-O3"]  # torch adds its own -std (C++17 or C++20 by version)
+    if torch.backends.openmp.is_available():
+        # at::parallel_for is inlined into the CPU kernels as `#pragma omp parallel`: without -fopenmp they
+        # silently run on one thread. The OpenMP runtime is torch's own (libtorch_cpu links libgomp).
+        cflags.append("-fopenmp")
     cuda_flags = ["-O3", "-lineinfo", "--expt-relaxed-constexpr"]
     if with_cuda:
         cflags.append("-DSOFTMAX_OPS_WITH_CUDA")

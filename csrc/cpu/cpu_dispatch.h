@@ -62,11 +62,15 @@ void dispatch_dtype_pair(at::ScalarType first, at::ScalarType second, Fn&& fn) {
   }
 }
 
+// `t` with `wrapped_dim` moved last, as a view (for callers that copy anyway, e.g. softmax_kernel_input).
+inline at::Tensor dim_last_view(const at::Tensor& t, int64_t wrapped_dim) {
+  return t.dim() == 0 ? t : t.movedim(wrapped_dim, -1);
+}
+
 // `t` with `wrapped_dim` moved last, contiguous: a free view when dim is already last and t is contiguous.
 // CPU speed for a non-last dim is not a goal (DESIGN.md §4 is about CUDA), so one copy in and one out is fine.
 inline at::Tensor with_dim_last(const at::Tensor& t, int64_t wrapped_dim) {
-  if (t.dim() == 0) return t.contiguous();
-  return t.movedim(wrapped_dim, -1).contiguous();
+  return dim_last_view(t, wrapped_dim).contiguous();
 }
 
 // Inverse of with_dim_last for a result computed in the dim-last layout: a contiguous tensor in the

@@ -14,6 +14,10 @@ namespace softmax_ops {
 // Element dtypes as the launchers pass them to kernel entry points (mirrors the at::ScalarType subset).
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
+// Host compilers (the g++-built .cpp launchers) include this header for DType only; the device helpers
+// below use CUDA intrinsics that exist in nvcc's device and host passes but not under g++.
+#if defined(__CUDACC__)
+
 namespace detail {
 
 constexpr int kWarpSize = 32;
@@ -153,4 +157,6 @@ __device__ __forceinline__ C block_all_reduce(C v, C* scratch, Op op) {
 }
 
 }  // namespace detail
+
+#endif  // defined(__CUDACC__)
 }  // namespace softmax_ops

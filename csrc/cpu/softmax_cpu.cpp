@@ -1,0 +1,128 @@
+// CPU kernels of softmax, log_softmax and their backward ops: one row at a time, rows spread over threads.
+// Arguments, result dtype and layout come from op_checks.h so CPU and CUDA raise the same errors.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include "cpu_dispatch.h"
+#include "cpu_row_math.h"
+#include "softmax_ops/op_checks.h"
+
+namespace softmax_ops::cpu {
+namespace {
+
+// softmax (kLog = false) or log_softmax (kLog = true) of rows [begin, end) of length n:
+//   m = max(x), s = sum exp(x - m);  softmax = exp(x - m) / s,  log_softmax = (x - m) - log(s).
+// A float32 softmax result holds exp(x - m) between the passes; a narrower one recomputes exp so the
+// result is rounded once.
+template <bool kLog, typename In, typename Out>
+SOFTMAX_OPS_CPU_MULTIVERSION void softmax_rows(const In* x, Out* y, int64_t n, int64_t begin, int64_t end) {
+  using Acc = acc_type<In>;
+  for (int64_t row = begin; row < end; ++row) {
+    const In* __restrict xr = x + row * n;
+    Out* __restrict yr = y + row * n;
+    const Acc m = row_max<Acc>(xr, n);
+    if constexpr (kLog) {
+      const Acc log_sum = std::log(row_sum_exp<false, Acc>(xr, m, n, nullptr));
+      for (int64_t i = 0; i < n; ++i) yr[i] = from_acc<Out>((to_acc<Acc>(xr[i]) - m) - log_sum);
+    } else if constexpr (std::is_same_v<Out, Acc>) {
+      const Acc inv_sum = Acc(1) / row_sum_exp<true, Acc>(xr, m, n, yr);
+      for (int64_t i = 0; i < n; ++i) yr[i] *= inv_sum;
+    } else {
+      const Acc inv_sum = Acc(1) / row_sum_exp<false, Acc>(xr, m, n, nullptr);
+      for (int64_t i = 0; i < n; ++i) yr[i] = from_acc<Out>(fast_exp(to_acc<Acc>(xr[i]) - m) * inv_sum);
+    }
+  }
+}
+
+// softmax_backward (kLog = false): grad_input = y * (g - sum(g * y));
+// log_softmax_backward (kLog = true): grad_input = g - exp(y) * sum(g).
+template <bool kLog, typename T, typename Result>
+SOFTMAX_OPS_CPU_MULTIVERSION void softmax_backward_rows(const T* g, const T* y, Result* grad_input, int64_t n,
+                                                        int64_t begin, int64_t end) {
+  using Acc = acc_type<T>;
+  for (int64_t row = begin; row < end; ++row) {
+    const T* __restrict gr = g + row * n;
+    const T* __restrict yr = y + row * n;
+    Result* __restrict out = grad_input + row * n;
+    if constexpr (kLog) {
+      const Acc sum = row_dot<false, Acc>(gr, gr, n);
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = from_acc<Result>(to_acc<Acc>(gr[i]) - fast_exp(to_acc<Acc>(yr[i])) * sum);
+      }
+    } else {
+      const Acc dot = row_dot<true, Acc>(gr, yr, n);
+      for (int64_t i = 0; i < n; ++i) {
+        out[i] = from_acc<Result>(to_acc<Acc>(yr[i]) * (to_acc<Acc>(gr[i]) - dot));
+      }
+    }
+  }
+}
+
+template <bool kLog>
+at::Tensor softmax_forward(const at::Tensor& self, int64_t dim, c10::optional<at::ScalarType> dtype) {
+  const char* op = kLog ? "log_softmax" : "softmax";
+  const at::ScalarType result_dtype = softmax_result_dtype(self, dtype, op);
+  const int64_t wrapped = wrap_dim(self, dim, op);
+  const at::Tensor input = softmax_kernel_input(dim_last_view(self, wrapped), result_dtype);
+  at::Tensor result = at::empty(input.sizes(), input.options().dtype(result_dtype));
+  const int64_t n = row_length(input);
+  const int64_t rows = row_count(input.numel(), n);
+  if (rows > 0) {
+    dispatch_dtype_pair<true>(input.scalar_type(), result_dtype, [&](auto in_tag, auto out_tag) {
+      using In = typename decltype(in_tag)::type;
+      using Out = typename decltype(out_tag)::type;
+      const In* x = input.const_data_ptr<In>();
+      Out* y = result.mutable_data_ptr<Out>();
+      at::parallel_for(0, rows, rows_grain(n), [&](int64_t begin, int64_t end) {
+        softmax_rows<kLog>(x, y, n, begin, end);
+      });
+    });
+  }
+  return with_dim_restored(result, wrapped);
+}
+
+// torch's rule: when the forward widened float16/bfloat16 to float32 (or did not change dtype) the
+// backward writes input_dtype directly from the compute type; any other dtype change is a cast of the
+// forward's input, whose backward is a cast of the gradient computed in output's dtype.
+template <bool kLog>
+at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                            at::ScalarType input_dtype) {
+  const char* op = kLog ? "log_softmax_backward" : "softmax_backward";
+  check_softmax_backward_args(grad_output, output, input_dtype, op);
+  const int64_t wrapped = wrap_dim(output, dim, op);
+  const at::ScalarType output_dtype = output.scalar_type();
+  const bool narrowing_half_to_float =
+      output_dtype == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16);
+  const at::ScalarType written_dtype = narrowing_half_to_float ? input_dtype : output_dtype;
+  const at::Tensor y = with_dim_last(output, wrapped);
+  const at::Tensor g = with_dim_last(grad_output.to(output_dtype), wrapped);
+  at::Tensor grad_input = at::empty(y.sizes(), y.options().dtype(written_dtype));
+  const int64_t n = row_length(y);
+  const int64_t rows = row_count(y.numel(), n);
+  if (rows > 0) {
+    dispatch_dtype_pair<false>(output_dtype, written_dtype, [&](auto t_tag, auto result_tag) {
+      using T = typename decltype(t_tag)::type;
+      using Result = typename decltype(result_tag)::type;
+      const T* g_ptr = g.const_data_ptr<T>();
+      const T* y_ptr = y.const_data_ptr<T>();
+      Result* out = grad_input.mutable_data_ptr<Result>();
+      at::parallel_for(0, rows, rows_grain(n), [&](int64_t begin, int64_t end) {
+        softmax_backward_rows<kLog>(g_ptr, y_ptr, out, n, begin, end);
+      });
+    });
+  }
+  at::Tensor restored = with_dim_restored(grad_input, wrapped);
+  return written_dtype == input_dtype ? restored : restored.to(input_dtype);
+}
+
+}  // namespace
+}  // namespace softmax_ops::cpu
+
+TORCH_LIBRARY_IMPL(softmax_ops, CPU, m) {
+  m.impl("softmax", &softmax_ops::cpu::softmax_forward<false>);
+  m.impl("log_softmax", &softmax_ops::cpu::softmax_forward<true>);
+  m.impl("softmax_backward", &softmax_ops::cpu::softmax_backward<false>);
+  m.impl("log_softmax_backward", &softmax_ops::cpu::softmax_backward<true>);
+}

@@ -1,0 +1,249 @@
+// CPU kernels of fused_topk (softmax -> top-k, optionally renormalised) and its backward.
+//
+// Selection is by logit: softmax is monotone in the logits, so the k largest probabilities belong to the
+// k largest logits, and only those k probabilities are ever computed. Ranking (a total order, so every
+// index is distinct and in [0, N) whatever the input): NaN first (like torch.topk), then larger logit
+// first, equal logits to the lower index.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <numeric>
+#include <tuple>
+#include <vector>
+
+#include "cpu_dispatch.h"
+#include "cpu_row_math.h"
+#include "softmax_ops/op_checks.h"
+
+namespace softmax_ops::cpu {
+namespace {
+
+// Up to this k the top-k is kept in a sorted buffer updated by insertion (one compare per element for
+// typical rows); above it a full nth_element + sort of the row's indices is cheaper than O(N*k) worst cases.
+constexpr int64_t kMaxInsertionK = 32;
+
+// Elements per chunk of the backward's one-pass (max, sum): small enough that the chunk's second read
+// (for the sum) hits L1, so self is read from memory once for the statistics and once for the gradient.
+constexpr int64_t kStatsChunk = 2048;
+
+// Does logit a (index ia) rank before logit b (index ib)?
+template <typename Acc>
+inline bool ranks_before(Acc a, int64_t ia, Acc b, int64_t ib) {
+  const bool a_nan = std::isnan(a);
+  const bool b_nan = std::isnan(b);
+  if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
+  return a > b || (a == b && ia < ib);
+}
+
+// Does a logit with a HIGHER index than w's rank before w? (Ties stay with the earlier index.)
+template <typename Acc>
+inline bool later_beats(Acc v, Acc w) {
+  return std::isnan(v) ? !std::isnan(w) : v > w;  // v > NaN is false: nothing later beats a NaN
+}
+
+// The k best positions of row x (length n), best first, into top_index; top_logit is scratch of size k.
+template <typename Acc, typename In>
+void select_topk_by_insertion(const In* x, int64_t n, int64_t k, Acc* top_logit, int64_t* top_index) {
+  int64_t count = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const Acc v = to_acc<Acc>(x[j]);
+    if (count == k) {
+      if (!later_beats(v, top_logit[k - 1])) continue;
+      --count;  // the current k-th is pushed out
+    }
+    int64_t pos = count;
+    for (; pos > 0 && later_beats(v, top_logit[pos - 1]); --pos) {
+      top_logit[pos] = top_logit[pos - 1];
+      top_index[pos] = top_index[pos - 1];
+    }
+    top_logit[pos] = v;
+    top_index[pos] = j;
+    ++count;
+  }
+}
+
+// Same result for any k: partition the row's indices around the k-th, then sort the first k.
+template <typename Acc, typename In>
+void select_topk_by_partition(const In* x, int64_t n, int64_t k, std::vector<int64_t>& order,
+                              int64_t* top_index) {
+  order.resize(n);
+  std::iota(order.begin(), order.end(), int64_t{0});
+  auto before = [x](int64_t a, int64_t b) { return ranks_before(to_acc<Acc>(x[a]), a, to_acc<Acc>(x[b]), b); };
+  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), before);
+  std::sort(order.begin(), order.begin() + k, before);
+  std::copy(order.begin(), order.begin() + k, top_index);
+}
+
+// Rows [begin, end): values = softmax(x)[top-k] (sorted), optionally divided by their sum.
+// The probabilities are exp(x - m) / s exactly as softmax_rows computes them; renormalisation sums the k
+// un-rounded probabilities in the compute type and rounds each quotient once, which equals torch's
+// `v / v.sum(dim, keepdim=True)` on `v = topk(softmax(x)).values` up to rounding.
+template <typename In, typename Out>
+SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int64_t* indices, int64_t n,
+                                                  int64_t k, bool renormalize, int64_t begin, int64_t end) {
+  using Acc = acc_type<In>;
+  std::vector<Acc> probs(k);
+  std::vector<int64_t> order;
+  for (int64_t row = begin; row < end; ++row) {
+    const In* xr = x + row * n;
+    int64_t* idx = indices + row * k;
+    if (k <= kMaxInsertionK) {
+      select_topk_by_insertion<Acc>(xr, n, k, probs.data(), idx);
+    } else {
+      select_topk_by_partition<Acc>(xr, n, k, order, idx);
+    }
+    const Acc m = row_max<Acc>(xr, n);
+    const Acc inv_sum = Acc(1) / row_sum_exp<false, Acc>(xr, m, n, nullptr);
+    Acc total = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      probs[j] = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;
+      total += probs[j];
+    }
+    Out* vr = values + row * k;
+    for (int64_t j = 0; j < k; ++j) vr[j] = from_acc<Out>(renormalize ? probs[j] / total : probs[j]);
+  }
+}
+
+// (max, sum exp(x - max)) of a row in one pass over memory, chunk by chunk, merged with the online-softmax
+// rule. A chunk (or prefix) whose max is -inf contributes 0, not exp(-inf - -inf) = NaN, so a row with a
+// long -inf prefix is still exact; NaN and +inf still make the sum NaN as in the forward.
+template <typename Acc, typename T>
+inline std::pair<Acc, Acc> row_max_and_sum_exp(const T* x, int64_t n) {
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
+  Acc m = kNegInf;
+  Acc s = 0;
+  for (int64_t start = 0; start < n; start += kStatsChunk) {
+    const int64_t len = std::min(kStatsChunk, n - start);
+    const Acc chunk_max = row_max<Acc>(x + start, len);
+    if (chunk_max == kNegInf) continue;
+    const Acc chunk_sum = row_sum_exp<false, Acc>(x + start, chunk_max, len, nullptr);
+    const Acc new_m = chunk_max > m ? chunk_max : m;
+    s = (m == kNegInf ? Acc(0) : s * fast_exp(m - new_m)) + chunk_sum * fast_exp(chunk_max - new_m);
+    m = new_m;
+  }
+  return {m, s};
+}
+
+// Rows [begin, end) of the gradient w.r.t. x. g and v (the stored values) are in the compute type Acc.
+//   plain:        dx_j = p_j * (G_j - S),  S = sum_k g_k v_k,  G_j = g_k where indices_k == j, else 0;
+//   renormalised: dx_{i_k} = v_k * (g_k - sum_m g_m v_m), 0 elsewhere (v = the renormalised values).
+template <typename T>
+SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_backward_rows(const T* x, const acc_type<T>* g, const acc_type<T>* v,
+                                                           const int64_t* indices, T* dx, int64_t n, int64_t k,
+                                                           bool renormalize, int64_t begin, int64_t end) {
+  using Acc = acc_type<T>;
+  for (int64_t row = begin; row < end; ++row) {
+    const Acc* gr = g + row * k;
+    const Acc* vr = v + row * k;
+    const int64_t* idx = indices + row * k;
+    T* out = dx + row * n;
+    const Acc weighted = row_dot<true, Acc>(gr, vr, k);
+    if (renormalize) {
+      std::fill(out, out + n, static_cast<T>(0));
+      for (int64_t j = 0; j < k; ++j) out[idx[j]] = from_acc<T>(vr[j] * (gr[j] - weighted));
+      continue;
+    }
+    const T* __restrict xr = x + row * n;
+    const auto [m, s] = row_max_and_sum_exp<Acc>(xr, n);
+    const Acc inv_sum = Acc(1) / s;
+    for (int64_t i = 0; i < n; ++i) out[i] = from_acc<T>(fast_exp(to_acc<Acc>(xr[i]) - m) * inv_sum * -weighted);
+    for (int64_t j = 0; j < k; ++j) {
+      const Acc p = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;
+      out[idx[j]] = from_acc<T>(p * (gr[j] - weighted));
+    }
+  }
+}
+
+// Caller-supplied indices are checked before the kernels run: an exception must not leave a worker thread.
+void check_indices_in_range(const at::Tensor& contiguous_indices, int64_t n) {
+  const int64_t* idx = contiguous_indices.const_data_ptr<int64_t>();
+  for (int64_t i = 0, count = contiguous_indices.numel(); i < count; ++i) {
+    TORCH_CHECK_INDEX(idx[i] >= 0 && idx[i] < n, "softmax_ops.fused_topk_backward: index ", idx[i],
+                      " in indices is out of range for a dim of size ", n);
+  }
+}
+
+std::vector<int64_t> dim_last_shape_with_k(const at::Tensor& dim_last, int64_t k) {
+  std::vector<int64_t> shape = dim_last.sizes().vec();
+  if (!shape.empty()) shape.back() = k;
+  return shape;
+}
+
+std::tuple<at::Tensor, at::Tensor> fused_topk(const at::Tensor& self, int64_t k, int64_t dim, bool renormalize,
+                                              c10::optional<at::ScalarType> dtype) {
+  const at::ScalarType result_dtype = softmax_result_dtype(self, dtype, "fused_topk");
+  const int64_t wrapped = wrap_dim(self, dim, "fused_topk");
+  const int64_t n = check_topk_k(self, wrapped, k);
+  const at::Tensor input = softmax_kernel_input(dim_last_view(self, wrapped), result_dtype);
+  const std::vector<int64_t> shape = dim_last_shape_with_k(input, k);
+  at::Tensor values = at::empty(shape, input.options().dtype(result_dtype));
+  at::Tensor indices = at::empty(shape, input.options().dtype(at::kLong));
+  const int64_t rows = row_count(input.numel(), n);
+  if (rows > 0) {
+    dispatch_dtype_pair<true>(input.scalar_type(), result_dtype, [&](auto in_tag, auto out_tag) {
+      using In = typename decltype(in_tag)::type;
+      using Out = typename decltype(out_tag)::type;
+      const In* x = input.const_data_ptr<In>();
+      Out* v = values.mutable_data_ptr<Out>();
+      int64_t* idx = indices.mutable_data_ptr<int64_t>();
+      at::parallel_for(0, rows, rows_grain(n), [&](int64_t begin, int64_t end) {
+        fused_topk_rows(x, v, idx, n, k, renormalize, begin, end);
+      });
+    });
+  }
+  return {with_dim_restored(values, wrapped), with_dim_restored(indices, wrapped)};
+}
+
+// The gradient is computed in the dtype the forward kernel read (self's, or the forward's dtype= when that
+// was a real cast, see softmax_kernel_input) and cast to self's dtype at the end, like torch's autograd
+// through the cast.
+at::Tensor fused_topk_backward(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
+                               const at::Tensor& indices, int64_t dim, bool renormalize) {
+  check_floating(self, "fused_topk_backward", "self");
+  check_floating(grad_values, "fused_topk_backward", "grad_values");
+  const int64_t wrapped = wrap_dim(self, dim, "fused_topk_backward");
+  check_topk_backward_args(grad_values, self, values, indices, wrapped);
+  const at::ScalarType values_dtype = values.scalar_type();
+  const at::ScalarType self_dtype = self.scalar_type();
+  const bool read_directly = self_dtype == values_dtype ||
+                             (values_dtype == at::kFloat && (self_dtype == at::kHalf || self_dtype == at::kBFloat16));
+  const at::ScalarType work_dtype = read_directly ? self_dtype : values_dtype;
+  // The renormalised gradient never reads x: only its shape is needed.
+  const at::Tensor x = renormalize ? dim_last_view(self, wrapped) : with_dim_last(self.to(work_dtype), wrapped);
+  const at::Tensor idx = with_dim_last(indices, wrapped);
+  const int64_t n = row_length(x);
+  const int64_t k = row_length(idx);
+  const at::ScalarType acc_dtype = work_dtype == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor g = with_dim_last(grad_values.to(acc_dtype), wrapped);
+  const at::Tensor v = with_dim_last(values.to(acc_dtype), wrapped);
+  check_indices_in_range(idx, n);
+  at::Tensor grad_self = at::empty(x.sizes(), x.options().dtype(work_dtype));
+  const int64_t rows = row_count(grad_self.numel(), n);
+  if (rows > 0) {
+    dispatch_floating(work_dtype, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      using Acc = acc_type<T>;
+      const T* x_ptr = renormalize ? nullptr : x.const_data_ptr<T>();
+      const Acc* g_ptr = g.const_data_ptr<Acc>();
+      const Acc* v_ptr = v.const_data_ptr<Acc>();
+      const int64_t* idx_ptr = idx.const_data_ptr<int64_t>();
+      T* out = grad_self.mutable_data_ptr<T>();
+      at::parallel_for(0, rows, rows_grain(n), [&](int64_t begin, int64_t end) {
+        fused_topk_backward_rows(x_ptr, g_ptr, v_ptr, idx_ptr, out, n, k, renormalize, begin, end);
+      });
+    });
+  }
+  at::Tensor restored = with_dim_restored(grad_self, wrapped);
+  return work_dtype == self_dtype ? restored : restored.to(self_dtype);
+}
+
+}  // namespace
+}  // namespace softmax_ops::cpu
+
+TORCH_LIBRARY_IMPL(softmax_ops, CPU, m) {
+  m.impl("fused_topk", &softmax_ops::cpu::fused_topk);
+  m.impl("fused_topk_backward", &softmax_ops::cpu::fused_topk_backward);
+}

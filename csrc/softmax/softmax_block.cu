@@ -1,0 +1,94 @@
+// Launches the block / cluster one-pass kernel (forward and backward), and answers whether a cluster
+// configuration can be resident on the current device.
+#include "softmax_block_kernel.cuh"
+
+namespace softmax_ops {
+namespace {
+
+using detail::RowArgs;
+
+constexpr int kPortableClusterSize = 8;
+
+// Calls fn(kernel pointer, args) for the instantiation the plan names.
+template <typename F>
+cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& plan, const SoftmaxPointers& ptrs,
+                              F&& fn) {
+  using namespace detail;
+  return dispatch_row_op(problem, [&](auto op) {
+    using Op = decltype(op);
+    const RowArgs<Op> args = make_row_args(op, problem, ptrs);
+    return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) {
+      return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto reg_packs) -> cudaError_t {
+        constexpr int kVec = std::decay_t<decltype(vec)>::value;
+        constexpr int kRegPacks = std::decay_t<decltype(reg_packs)>::value;
+        if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
+          return fn(softmax_block_kernel<Op, kVec, kRegPacks>, args);
+        } else {
+          return cudaErrorInvalidValue;  // never planned: see max_block_reg_packs
+        }
+      });
+    });
+  });
+}
+
+template <typename Kernel>
+cudaLaunchConfig_t cluster_launch_config(const SoftmaxPlan& plan, cudaStream_t stream, cudaLaunchAttribute* attribute) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(plan.grid));
+  config.blockDim = dim3(plan.threads);
+  config.dynamicSmemBytes = plan.smem_bytes;
+  config.stream = stream;
+  attribute->id = cudaLaunchAttributeClusterDimension;
+  attribute->val.clusterDim.x = plan.cluster;
+  attribute->val.clusterDim.y = 1;
+  attribute->val.clusterDim.z = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  return config;
+}
+
+template <typename Kernel>
+cudaError_t prepare(Kernel kernel, const SoftmaxPlan& plan) {
+  cudaError_t err = detail::allow_dynamic_smem(kernel, plan.smem_bytes);
+  if (err == cudaSuccess && plan.cluster > kPortableClusterSize) {
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  }
+  return err;
+}
+
+}  // namespace
+
+cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
+                                 const SoftmaxPointers& ptrs, cudaStream_t stream) {
+  if (plan.cluster < 1 || plan.grid % plan.cluster != 0) return cudaErrorInvalidValue;
+  return with_block_kernel(problem, plan, ptrs, [&](auto kernel, const auto& args) {
+    cudaError_t err = prepare(kernel, plan);
+    if (err != cudaSuccess) return err;
+    if (plan.cluster == 1) {
+      kernel<<<static_cast<unsigned>(plan.grid), plan.threads, plan.smem_bytes, stream>>>(args, plan.smem_packs);
+      return cudaGetLastError();
+    }
+    cudaLaunchAttribute attribute{};
+    const cudaLaunchConfig_t config = cluster_launch_config<decltype(kernel)>(plan, stream, &attribute);
+    err = cudaLaunchKernelEx(&config, kernel, args, plan.smem_packs);
+    return err != cudaSuccess ? err : cudaGetLastError();
+  });
+}
+
+bool softmax_cluster_fits(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
+  int max_clusters = 0;
+  const cudaError_t err = with_block_kernel(problem, plan, SoftmaxPointers{}, [&](auto kernel, const auto&) {
+    cudaError_t e = prepare(kernel, plan);
+    if (e != cudaSuccess) return e;
+    cudaLaunchAttribute attribute{};
+    const cudaLaunchConfig_t config = cluster_launch_config<decltype(kernel)>(plan, nullptr, &attribute);
+    return cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
+  });
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // a refused query is an answer ("no"), not an error for later calls to see
+    return false;
+  }
+  return max_clusters > 0;
+}
+
+}  // namespace softmax_ops

@@ -1,0 +1,163 @@
+// Block / cluster one-pass kernel: a row (or, in a thread-block cluster, a contiguous chunk of a row per
+// CTA) is read once, cached on chip, reduced, then normalised from the cache and written once.
+//
+//   cluster of C CTAs per row (C = 1: plain block-per-row), T threads per CTA:
+//
+//     row packs:  [ chunk of CTA 0 | chunk of CTA 1 | ... | chunk of CTA C-1 ]   chunk = ceil(packs / C)
+//     in a chunk, thread t holds packs t, t + T, t + 2T, ...: the first PREG in registers, the next
+//     `smem_packs` in dynamic shared memory (its own slots only, so the cache needs no barrier).
+//
+//   reduction: warp butterfly -> per-warp partials in shared memory -> every thread merges the partials
+//   in warp order; with C > 1, thread 0 publishes the CTA's result, cluster barrier, warp 0 reads the C
+//   results through distributed shared memory (DSMEM) and merges them with a fixed butterfly, so every
+//   CTA of the cluster gets bitwise the same row result.
+//
+// Shared buffers alternate by row parity, which lets one barrier per step protect them (see
+// block_all_reduce). A CTA must not exit while a peer may still read its shared memory: the kernel ends
+// with a cluster barrier.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include "softmax_kernel_common.cuh"
+
+namespace softmax_ops::detail {
+
+constexpr int kBlockKernelMaxThreads = 1024;
+
+// Size and rank of this CTA's cluster: (1, 0) when launched without clusters or compiled for pre-Hopper.
+struct ClusterPosition {
+  unsigned size;
+  unsigned rank;
+};
+
+__device__ __forceinline__ ClusterPosition cluster_position() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+  return {cluster.num_blocks(), cluster.block_rank()};
+#else
+  return {1u, 0u};
+#endif
+}
+
+__device__ __forceinline__ void cluster_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();  // arrive.release + wait.acquire: shared writes become visible
+#else
+  __syncthreads();
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ T read_peer_shared(T* local, unsigned rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return *cooperative_groups::this_cluster().map_shared_rank(local, rank);
+#else
+  return *local;
+#endif
+}
+
+template <typename Op, int VEC, int PREG>
+__global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
+    softmax_block_kernel(RowArgs<Op> args, int smem_packs) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  using C = typename Op::C;
+  using Acc = typename Op::Acc;
+  using PackIn = Pack<In, VEC>;
+  constexpr int S = Op::kStreams;
+  static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
+
+  extern __shared__ __align__(16) unsigned char dynamic_smem[];
+  PackIn* const spill = reinterpret_cast<PackIn*>(dynamic_smem);  // [S][smem_packs][T]
+  __shared__ Acc partials[2][kWarpSize];
+  __shared__ Acc cluster_result[2];  // this CTA's result, read by its cluster peers
+  __shared__ Acc row_result[2];      // the merged cluster result, broadcast to the CTA
+
+  const Op op = args.op;
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  const ClusterPosition cluster = cluster_position();
+  const int64_t n_packs = args.n / VEC;
+  const int64_t chunk = (n_packs + cluster.size - 1) / cluster.size;
+  const int64_t begin = min(n_packs, static_cast<int64_t>(cluster.rank) * chunk);
+  const int64_t end = min(n_packs, begin + chunk);
+  const int64_t clusters_in_grid = gridDim.x / cluster.size;
+  auto spill_slot = [&](int s, int p) -> PackIn& { return spill[(static_cast<int64_t>(s) * smem_packs + p) * threads + tid]; };
+
+  int parity = 0;
+  for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
+    const int64_t row_offset = row * args.n;
+
+    PackIn cache[S][PREG];
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        cache[s][p] = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+      }
+    }
+    for (int p = 0; p < smem_packs; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        spill_slot(s, p) = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+      }
+    }
+
+    auto visit = [&](auto&& fn) {
+      auto visit_pack = [&](auto&& pack_of_stream) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          C v[S];
+#pragma unroll
+          for (int s = 0; s < S; ++s) v[s] = convert<C>(pack_of_stream(s).v[j]);
+          fn(v);
+        }
+      };
+#pragma unroll
+      for (int p = 0; p < PREG; ++p) visit_pack([&](int s) -> const PackIn& { return cache[s][p]; });
+      for (int p = 0; p < smem_packs; ++p) visit_pack([&](int s) -> const PackIn& { return spill_slot(s, p); });
+    };
+    Acc acc = op.accumulate(Op::identity(), visit);
+    acc = block_all_reduce<Op>(acc, partials, parity);
+
+    if (cluster.size > 1) {
+      if (tid == 0) cluster_result[parity] = acc;
+      cluster_barrier();
+      if (tid < kWarpSize) {
+        Acc peer = tid < static_cast<int>(cluster.size) ? read_peer_shared(&cluster_result[parity], tid) : Op::identity();
+        peer = warp_all_reduce<Op>(peer, kWarpSize);  // merging the identity leaves a value unchanged
+        if (tid == 0) row_result[parity] = peer;
+      }
+      __syncthreads();
+      acc = row_result[parity];
+    }
+    const typename Op::Row row_consts = op.finalize(acc);
+
+    auto write_pack = [&](int64_t k, auto&& pack_of_stream) {
+      Pack<Out, VEC> result;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        C v[S];
+#pragma unroll
+        for (int s = 0; s < S; ++s) v[s] = convert<C>(pack_of_stream(s).v[j]);
+        result.v[j] = op.apply(row_consts, v);
+      }
+      store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+    };
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+      if (k < end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
+    }
+    for (int p = 0; p < smem_packs; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
+      if (k < end) write_pack(k, [&](int s) -> const PackIn& { return spill_slot(s, p); });
+    }
+  }
+  if (cluster.size > 1) cluster_barrier();  // peers may still be reading cluster_result
+}
+
+}  // namespace softmax_ops::detail

@@ -1,0 +1,205 @@
+// What every softmax kernel file shares: vector loads/stores of packs, the kernel argument struct, and the
+// small template dispatchers (dtype pair -> row op, vector width, packs per thread) that instantiate
+// exactly the kernels a launch can ask for. CUDA headers only (no ATen).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "softmax_launch.h"
+#include "softmax_math.cuh"
+#include "softmax_ops/device_utils.cuh"
+
+namespace softmax_ops::detail {
+
+// ---- memory access --------------------------------------------------------------------------------
+
+// Moves a Pack as machine words of its own size (2/4/8/16 bytes, or several 16-byte words), so a 16-byte
+// pack of half/bfloat16 becomes one LDG.128 whatever the element type's copy semantics.
+template <int Bytes>
+struct Word;
+template <> struct Word<2> { using type = unsigned short; };
+template <> struct Word<4> { using type = unsigned int; };
+template <> struct Word<8> { using type = uint2; };
+template <> struct Word<16> { using type = uint4; };
+
+template <typename T, int N>
+constexpr int kPackBytes = static_cast<int>(sizeof(T)) * N;
+template <typename T, int N>
+constexpr int kWordBytes = kPackBytes<T, N> >= 16 ? 16 : kPackBytes<T, N>;
+
+// kLastUse: the data is not read again (second pass of a re-reading kernel): an evict-first load keeps
+// L2 for what is still to be re-read.
+template <typename T, int N, bool kLastUse = false>
+__device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
+  using W = typename Word<kWordBytes<T, N>>::type;
+  constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
+  Pack<T, N> out;
+  const W* src = reinterpret_cast<const W*>(ptr);
+  W* dst = reinterpret_cast<W*>(&out);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) {
+    if constexpr (kLastUse) {
+      dst[i] = __ldcs(src + i);
+    } else {
+      dst[i] = src[i];
+    }
+  }
+  return out;
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* ptr, const Pack<T, N>& pack) {
+  using W = typename Word<kWordBytes<T, N>>::type;
+  constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
+  const W* src = reinterpret_cast<const W*>(&pack);
+  W* dst = reinterpret_cast<W*>(ptr);
+#pragma unroll
+  for (int i = 0; i < kWords; ++i) dst[i] = src[i];
+}
+
+template <typename T, int N, typename C>
+__device__ __forceinline__ Pack<T, N> filled_pack(C value) {
+  Pack<T, N> out;
+#pragma unroll
+  for (int j = 0; j < N; ++j) out.v[j] = convert<T>(value);
+  return out;
+}
+
+// ---- kernel arguments -----------------------------------------------------------------------------
+
+// Rows of `n` elements; row r starts at r * n (inner == 1 kernels). The strided kernel reads `rows` as
+// outer and uses `inner`. Element offsets are 64-bit everywhere: rows * n may exceed 2^31.
+template <typename Op>
+struct RowArgs {
+  const typename Op::In* in[Op::kStreams];
+  typename Op::Out* out;
+  int64_t rows;
+  int64_t n;
+  int64_t inner;
+  Op op;
+};
+
+template <typename Op>
+RowArgs<Op> make_row_args(const Op& op, const SoftmaxProblem& problem, const SoftmaxPointers& ptrs) {
+  RowArgs<Op> args;
+  args.in[0] = static_cast<const typename Op::In*>(ptrs.in0);
+  if constexpr (Op::kStreams == 2) args.in[1] = static_cast<const typename Op::In*>(ptrs.in1);
+  args.out = static_cast<typename Op::Out*>(ptrs.out);
+  args.rows = problem.inner == 1 ? problem.rows() : problem.outer;
+  args.n = problem.n;
+  args.inner = problem.inner;
+  args.op = op;
+  return args;
+}
+
+template <typename T> constexpr DType kDTypeOf = DType::kFloat32;
+template <> constexpr DType kDTypeOf<__half> = DType::kFloat16;
+template <> constexpr DType kDTypeOf<__nv_bfloat16> = DType::kBFloat16;
+template <> constexpr DType kDTypeOf<double> = DType::kFloat64;
+
+// Register packs per thread of the block kernel for this row op (see max_block_reg_packs).
+template <typename Op>
+constexpr int kMaxRegPacks = max_block_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2);
+
+// ---- template dispatch ----------------------------------------------------------------------------
+
+template <DType D> struct CudaTypeOf;
+template <> struct CudaTypeOf<DType::kFloat32> { using type = float; };
+template <> struct CudaTypeOf<DType::kFloat16> { using type = __half; };
+template <> struct CudaTypeOf<DType::kBFloat16> { using type = __nv_bfloat16; };
+template <> struct CudaTypeOf<DType::kFloat64> { using type = double; };
+
+template <DType In, DType Out>
+struct DTypePair {
+  static constexpr DType kIn = In;
+  static constexpr DType kOut = Out;
+};
+
+// The (read, write) dtype pairs with kernels. Forward: same dtype, or float16/bfloat16 read and float32
+// written (torch's half_to_float). Backward: same dtype, or float32 grad/output and a float16/bfloat16
+// grad_input. The launcher reduces every other combination to one of these (op_checks.h, DESIGN.md §3).
+using ForwardPairs = std::tuple<DTypePair<DType::kFloat32, DType::kFloat32>,
+                                DTypePair<DType::kFloat16, DType::kFloat16>,
+                                DTypePair<DType::kBFloat16, DType::kBFloat16>,
+                                DTypePair<DType::kFloat64, DType::kFloat64>,
+                                DTypePair<DType::kFloat16, DType::kFloat32>,
+                                DTypePair<DType::kBFloat16, DType::kFloat32>>;
+using BackwardPairs = std::tuple<DTypePair<DType::kFloat32, DType::kFloat32>,
+                                 DTypePair<DType::kFloat16, DType::kFloat16>,
+                                 DTypePair<DType::kBFloat16, DType::kBFloat16>,
+                                 DTypePair<DType::kFloat64, DType::kFloat64>,
+                                 DTypePair<DType::kFloat32, DType::kFloat16>,
+                                 DTypePair<DType::kFloat32, DType::kBFloat16>>;
+
+template <template <typename, typename> class OpT, typename... Pairs, typename F>
+bool dispatch_pairs(std::tuple<Pairs...>*, const SoftmaxProblem& problem, F& fn) {
+  auto try_pair = [&](auto pair) {
+    using P = decltype(pair);
+    if (problem.in_dtype != P::kIn || problem.out_dtype != P::kOut) return false;
+    fn(OpT<typename CudaTypeOf<P::kIn>::type, typename CudaTypeOf<P::kOut>::type>{problem.log});
+    return true;
+  };
+  return (try_pair(Pairs{}) || ...);
+}
+
+// Calls fn(op) with the row op of `problem` (ForwardOp<In, Out> or BackwardOp<In, Out>); returns fn's
+// result, or cudaErrorInvalidValue for a dtype pair without kernels.
+template <typename F>
+cudaError_t dispatch_row_op(const SoftmaxProblem& problem, F&& fn) {
+  cudaError_t result = cudaErrorInvalidValue;
+  auto call = [&](auto op) { result = fn(op); };
+  if (problem.backward) {
+    dispatch_pairs<BackwardOp>(static_cast<BackwardPairs*>(nullptr), problem, call);
+  } else {
+    dispatch_pairs<ForwardOp>(static_cast<ForwardPairs*>(nullptr), problem, call);
+  }
+  return result;
+}
+
+// Calls fn(std::integral_constant<int, V>) for the V in `candidates` equal to `value`.
+template <int... Vs, typename F>
+cudaError_t dispatch_int(std::integer_sequence<int, Vs...>, int value, F&& fn) {
+  cudaError_t result = cudaErrorInvalidValue;
+  ((value == Vs ? (result = fn(std::integral_constant<int, Vs>{}), true) : false) || ...);
+  return result;
+}
+
+// Vector widths: a 16-byte pack of In, or single elements (unaligned pointers or n not a multiple).
+template <typename In, typename F>
+cudaError_t dispatch_vec(int vec, F&& fn) {
+  return dispatch_int(std::integer_sequence<int, kVec16<In>, 1>{}, vec, std::forward<F>(fn));
+}
+
+// Registers-per-thread buckets of the warp and block kernels (runtime masking covers sizes in between).
+using RegPackBuckets = std::integer_sequence<int, 1, 2, 4, 8>;
+
+// Launch with dynamic shared memory above the 48 KB default: the opt-in must be set per function, per
+// device. It is set once to the device's maximum (the launch still requests only what it uses), so
+// racing host threads all write the same value and no launch can see a smaller limit than it needs.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  static std::atomic<bool> configured[64];  // zero-initialised (static storage)
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device < 64 && configured[device].load(std::memory_order_acquire)) return cudaSuccess;
+  int optin = 0;
+  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+  if (err != cudaSuccess) return err;
+  cudaFuncAttributes attributes{};
+  err = cudaFuncGetAttributes(&attributes, kernel);
+  if (err != cudaSuccess) return err;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             optin - static_cast<int>(attributes.sharedSizeBytes));
+  if (err == cudaSuccess && device < 64) configured[device].store(true, std::memory_order_release);
+  return err;
+}
+
+}  // namespace softmax_ops::detail

@@ -1,0 +1,87 @@
+// The boundary between the host launcher (softmax_cuda.cpp, g++) and the kernel files (*.cu, nvcc):
+// plain structs and launch functions taking raw pointers, sizes, DType tags and a stream. No ATen here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "softmax_ops/device_utils.cuh"  // DType (the device helpers are hidden from host compilers)
+
+namespace softmax_ops {
+
+// The menu (DESIGN.md §4). Names as the registry shows them are in softmax_dispatch.cpp.
+enum class SoftmaxKernel : int {
+  kWarp = 0,         // 1-32 lanes per row, row in registers, several rows per warp
+  kBlockOnePass,     // one CTA per row, row cached in registers (+ dynamic shared memory), one read
+  kClusterOnePass,   // a thread-block cluster per row, chunks cached on chip, partials merged via DSMEM
+  kTwoPass,          // one CTA per row, any n: online (max, sum) pass, then re-read (L2) and write
+  kSplitRow,         // two launches, any n: per-chunk partials to a workspace, then merge + normalise
+  kStrided,          // reduced dim not last ([outer, n, inner > 1]): threads across inner, loop over n
+};
+constexpr int kNumSoftmaxKernels = 6;
+
+// One softmax-family problem on a contiguous tensor seen as [outer, n, inner].
+// Forward: in0 = x (in_dtype), out = result (out_dtype); log selects log_softmax.
+// Backward: in0 = grad_output, in1 = output (both in_dtype), out = grad_input (out_dtype).
+struct SoftmaxProblem {
+  bool backward = false;
+  bool log = false;
+  DType in_dtype = DType::kFloat32;
+  DType out_dtype = DType::kFloat32;
+  int64_t outer = 1;
+  int64_t n = 1;
+  int64_t inner = 1;
+  int64_t rows() const { return outer * inner; }
+};
+
+// A complete launch configuration chosen by choose_softmax_kernel (softmax_dispatch.h).
+struct SoftmaxPlan {
+  SoftmaxKernel kernel = SoftmaxKernel::kTwoPass;
+  int vec = 1;              // elements per vector access: 16 bytes of in_dtype, or 1 (unaligned/odd n)
+  int threads = 256;        // threads per CTA (strided: blockDim.x * blockDim.y)
+  int block_x = 1;          // strided: threads across inner (blockDim.x); threads / block_x along n
+  int lanes_per_row = 32;   // warp: lanes sharing one row (power of two, 1..32)
+  int reg_packs = 1;        // warp: vector packs per lane; block/cluster: packs per thread in registers
+  int smem_packs = 0;       // block/cluster: further packs per thread (per input stream) in shared memory
+  int cluster = 1;          // cluster: CTAs per row (thread-block cluster size)
+  int64_t chunks = 1;       // split_row: CTAs per row
+  int64_t grid = 1;         // CTAs launched (cluster: a multiple of `cluster`)
+  size_t smem_bytes = 0;    // dynamic shared memory per CTA
+  size_t workspace_bytes = 0;  // split_row: the per-chunk partials, allocated by the caller
+};
+
+// Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
+// i.e. at most 64 registers per thread). Measured with `nvcc -Xptxas -v` (sm_90, nvcc 13.0): beyond these,
+// ptxas spills — float: 8 packs (32 registers of data) for one input stream; 16-bit types: 4, because the
+// converted fp32 values stay live between the max and the sum pass; double: 1 (the fp64 exp/log
+// polynomials need the registers). Backward caches two streams: half as many packs each. The vector-width
+// 1 path always uses this maximum (odd n / unaligned inputs are not worth more instantiations).
+constexpr int max_block_reg_packs(DType in_dtype, bool backward) {
+  const int streams = backward ? 2 : 1;
+  if (in_dtype == DType::kFloat64) return 1;
+  if (in_dtype == DType::kFloat16 || in_dtype == DType::kBFloat16) return 4 / streams;
+  return 8 / streams;
+}
+
+struct SoftmaxPointers {
+  const void* in0 = nullptr;
+  const void* in1 = nullptr;
+  void* out = nullptr;
+  void* workspace = nullptr;
+};
+
+// Each returns the first CUDA error of its launches (cudaSuccess when all launched). One per .cu file.
+cudaError_t launch_softmax_warp(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
+                                const SoftmaxPointers& ptrs, cudaStream_t stream);
+cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
+                                 const SoftmaxPointers& ptrs, cudaStream_t stream);
+cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
+                                     const SoftmaxPointers& ptrs, cudaStream_t stream);
+
+// Whether at least one cluster of `plan` (kClusterOnePass) can be resident on the current device:
+// sizes above 8 CTAs are non-portable and need a whole GPC. Queries the occupancy API (no sync).
+bool softmax_cluster_fits(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
+
+}  // namespace softmax_ops

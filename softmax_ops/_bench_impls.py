@@ -1,0 +1,271 @@
+"""The implementations the benchmark races, their inputs, yardsticks and correctness checks.
+
+Every implementation of a case is a zero-argument callable over inputs allocated once, outside the timed
+call. Before a callable is timed its output is checked against a float64 reference with the project's
+accuracy rule (DESIGN.md §3): max error at most twice torch eager's own error plus one rounding step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+import softmax_ops
+from softmax_ops._bench_cases import BACKWARD_OPS, TOPK_OP, Case
+
+OURS = "softmax_ops"
+EAGER = "torch_eager"
+COMPILE = "torch_compile"
+LIGER = "liger"
+QUACK = "quack"
+BASELINES = (EAGER, COMPILE, LIGER, QUACK)
+
+INPUT_SCALE = 3.0  # PERF.md: random normal inputs scaled by 3, never zeros
+# One rounding step at magnitude 1 in the output dtype: the floor of the accuracy bound (torch's own error
+# can be 0 on a lucky sample).
+_ROUNDING_FLOOR = {torch.float16: 1e-3, torch.bfloat16: 8e-3, torch.float32: 2e-7, torch.float64: 1e-12}
+
+
+@dataclass
+class Check:
+    """Outcome of one correctness check: max abs error vs float64 and the bound it must stay under."""
+
+    error: float
+    bound: float
+    problem: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None and self.error <= self.bound
+
+    def describe(self) -> str:
+        if self.problem:
+            return self.problem
+        return f"max error {self.error:.3e} vs bound {self.bound:.3e}"
+
+
+@dataclass
+class PreparedCase:
+    """A case ready to time: one callable per implementation, the yardstick, and a checker."""
+
+    case: Case
+    impls: dict[str, Callable[[], object]]
+    yardstick: Callable[[], object]
+    check: Callable[[object], Check]
+    unavailable: dict[str, str] = field(default_factory=dict)
+
+
+def optional_baselines() -> dict[str, Callable[..., object] | str]:
+    """Liger's and Quack's softmax entry points when they import, else why not (shown in the header)."""
+    found: dict[str, Callable[..., object] | str] = {}
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+
+        found[LIGER] = LigerSoftmaxFunction.apply
+    except Exception as error:  # noqa: BLE001  (any import failure just means "not available")
+        found[LIGER] = f"not available ({type(error).__name__}: {error})"
+    try:
+        from quack.softmax import softmax_bwd, softmax_fwd
+
+        found[QUACK] = softmax_fwd
+        found[QUACK + "_bwd"] = softmax_bwd
+    except Exception as error:  # noqa: BLE001
+        found[QUACK] = f"not available ({type(error).__name__}: {error})"
+    return found
+
+
+@contextlib.contextmanager
+def compile_pass_disabled() -> Iterator[None]:
+    """Run the block with softmax_ops' torch.compile pass off, so torch.compile baselines are pure torch."""
+    disable, enable = getattr(softmax_ops, "disable", None), getattr(softmax_ops, "enable", None)
+    is_enabled = getattr(softmax_ops, "is_enabled", None)
+    if disable is None or enable is None:
+        yield
+        return
+    was_enabled = is_enabled() if is_enabled is not None else True
+    disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            enable()
+
+
+def _add_compiled(
+    impls: dict[str, Callable[[], object]], unavailable: dict[str, str], fn: Callable[..., object],
+    *args: torch.Tensor,
+) -> None:
+    # A fresh dynamo state per case: no recompile-limit fallback to eager across the sweep's many shapes, and
+    # dynamic=False so every shape gets the specialised kernel a static model would get.
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, dynamic=False)
+    try:
+        with compile_pass_disabled():
+            compiled(*args)
+    except Exception as error:  # noqa: BLE001  (a baseline that fails to compile is reported, not fatal)
+        unavailable[COMPILE] = f"torch.compile failed: {type(error).__name__}: {error}"
+        return
+    impls[COMPILE] = lambda: compiled(*args)
+
+
+def _random(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, seed: int) -> torch.Tensor:
+    generator = torch.Generator(device=device).manual_seed(seed)
+    return torch.randn(shape, generator=generator, device=device, dtype=dtype).mul_(INPUT_SCALE)
+
+
+def _max_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    return (value.double() - reference).abs().max().item() if value.numel() else 0.0
+
+
+def _bound(torch_error: float, dtype: torch.dtype, scale: float = 1.0) -> float:
+    return 2 * torch_error + _ROUNDING_FLOOR[dtype] * max(1.0, scale)
+
+
+def _prepare_forward(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
+    x = _random(case.shape, case.dtype, device, seed=0)
+    log = case.op == "log_softmax"
+    torch_fn = torch.log_softmax if log else torch.softmax
+    ours_fn = softmax_ops.log_softmax if log else softmax_ops.softmax
+    impls: dict[str, Callable[[], object]] = {
+        OURS: lambda: ours_fn(x, -1),
+        EAGER: lambda: torch_fn(x, -1),
+    }
+    unavailable: dict[str, str] = {}
+    if with_compile:
+        _add_compiled(impls, unavailable, lambda t: torch_fn(t, -1), x)
+    if not log:
+        for name in (LIGER, QUACK):
+            entry = extra.get(name)
+            if callable(entry):
+                impls[name] = lambda entry=entry: entry(x)
+    reference = torch_fn(x.double(), -1)
+    torch_error = _max_error(torch_fn(x, -1), reference)
+    scale = reference.abs().max().item() if log else 1.0  # log-probabilities can be large
+    destination = torch.empty_like(x)
+
+    def check(output: object) -> Check:
+        assert isinstance(output, torch.Tensor)
+        if output.shape != x.shape or output.dtype != x.dtype:
+            return Check(math.inf, 0.0, f"wrong output {tuple(output.shape)} {output.dtype}")
+        return Check(_max_error(output, reference), _bound(torch_error, case.dtype, scale))
+
+    return PreparedCase(case, impls, lambda: destination.copy_(x), check, unavailable)
+
+
+def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
+    x = _random(case.shape, case.dtype, device, seed=0)
+    grad = _random(case.shape, case.dtype, device, seed=1)
+    log = case.op == "log_softmax_backward"
+    output = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    dtype = case.dtype
+    if log:
+        ours_op = torch.ops.softmax_ops.log_softmax_backward.default
+        aten_op = torch.ops.aten._log_softmax_backward_data.default
+    else:
+        ours_op = torch.ops.softmax_ops.softmax_backward.default
+        aten_op = torch.ops.aten._softmax_backward_data.default
+    impls: dict[str, Callable[[], object]] = {
+        OURS: lambda: ours_op(grad, output, -1, dtype),
+        EAGER: lambda: aten_op(grad, output, -1, dtype),
+    }
+    unavailable: dict[str, str] = {}
+    if with_compile:
+        _add_compiled(impls, unavailable, lambda g, y: aten_op(g, y, -1, dtype), grad, output)
+    quack_bwd = extra.get(QUACK + "_bwd")
+    if not log and callable(quack_bwd):
+        impls[QUACK] = lambda: quack_bwd(grad, output)
+    grad64, output64 = grad.double(), output.double()
+    if log:
+        reference = grad64 - output64.exp() * grad64.sum(-1, keepdim=True)
+    else:
+        reference = output64 * (grad64 - (grad64 * output64).sum(-1, keepdim=True))
+    torch_error = _max_error(aten_op(grad, output, -1, dtype), reference)
+    scale = reference.abs().max().item()
+    # PERF.md: the backward moves 1.5x a copy's bytes (reads 2 tensors, writes 1), so its yardstick is a copy
+    # of 1.5x the elements.
+    copy_elements = math.ceil(1.5 * case.numel)
+    source = torch.empty(copy_elements, dtype=dtype, device=device).normal_()
+    destination = torch.empty_like(source)
+
+    def check(result: object) -> Check:
+        assert isinstance(result, torch.Tensor)
+        if result.shape != x.shape or result.dtype != dtype:
+            return Check(math.inf, 0.0, f"wrong output {tuple(result.shape)} {result.dtype}")
+        return Check(_max_error(result, reference), _bound(torch_error, dtype, scale))
+
+    return PreparedCase(case, impls, lambda: destination.copy_(source), check, unavailable)
+
+
+def eager_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """PERF.md's eager reference for fused_topk: softmax in fp32, then torch.topk."""
+    return torch.topk(torch.softmax(x, -1, dtype=torch.float32), k, dim=-1)
+
+
+def _prepare_topk(case: Case, device: torch.device, with_compile: bool) -> PreparedCase:
+    x = _random(case.shape, case.dtype, device, seed=0)
+    k = case.k
+    impls: dict[str, Callable[[], object]] = {
+        OURS: lambda: softmax_ops.fused_topk(x, k, -1, False, torch.float32),
+        EAGER: lambda: eager_topk(x, k),
+    }
+    unavailable: dict[str, str] = {}
+    if with_compile:
+        _add_compiled(impls, unavailable, lambda t: eager_topk(t, k), x)
+    probabilities = torch.softmax(x.double(), -1)
+    reference_values = torch.topk(probabilities, k, dim=-1).values
+    torch_error = _max_error(eager_topk(x, k).values, reference_values)
+
+    def check(result: object) -> Check:
+        values, indices = result  # type: ignore[misc]
+        if values.shape != (case.rows, k) or indices.shape != (case.rows, k) or indices.dtype != torch.int64:
+            return Check(math.inf, 0.0, f"wrong outputs {tuple(values.shape)} {tuple(indices.shape)}")
+        if indices.min().item() < 0 or indices.max().item() >= case.cols:
+            return Check(math.inf, 0.0, "an index is out of [0, N)")
+        sorted_indices = indices.sort(dim=-1).values
+        if k > 1 and (sorted_indices[:, 1:] == sorted_indices[:, :-1]).any().item():
+            return Check(math.inf, 0.0, "duplicate indices within a row")
+        # Values must be the top-k probabilities, and each must be the probability at its own index (ties
+        # may pick either index, so indices are not compared with the reference's).
+        error = max(_max_error(values, reference_values), _max_error(values, probabilities.gather(-1, indices)))
+        return Check(error, _bound(torch_error, torch.float32))
+
+    return PreparedCase(case, impls, lambda: x.sum(dim=-1), check, unavailable)
+
+
+_KERNEL_FAMILY = {
+    "softmax": "softmax", "log_softmax": "softmax",
+    "softmax_backward": "softmax_backward", "log_softmax_backward": "softmax_backward",
+    "fused_topk": "topk",
+}
+
+
+def chosen_kernel(op: str, shape: tuple[int, ...], dtype: torch.dtype, k: int, device: torch.device) -> str:
+    """The kernel the dispatcher picks for ``op`` on ``shape``/``dtype``: the name from ``list_kernels`` that
+    ``explain`` mentions first (its choice), else explain's first line; "cpu" for the CPU kernels."""
+    if device.type != "cuda":
+        return "cpu"
+    try:
+        why = softmax_ops.explain(shape, dtype, op=op, k=k)
+    except Exception as error:  # noqa: BLE001  (the table shows why instead of dying mid-run)
+        return f"explain failed: {error}"
+    # Earliest mention wins; at the same position the longer name (``block_one_pass`` over ``block``).
+    mentioned = [(why.find(name), -len(name), name) for name in softmax_ops.list_kernels(_KERNEL_FAMILY[op])
+                 if name in why]
+    return min(mentioned)[2] if mentioned else (why.splitlines()[0][:60] if why else "?")
+
+
+def prepare_case(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
+    """Allocate the inputs of ``case`` on ``device`` and build its implementations and checker.
+
+    ``extra`` holds the optional baselines from :func:`optional_baselines`; ``with_compile`` adds the
+    torch.compile baseline (compiled here, with softmax_ops' pass disabled).
+    """
+    if case.op == TOPK_OP:
+        return _prepare_topk(case, device, with_compile)
+    if case.op in BACKWARD_OPS:
+        return _prepare_backward(case, device, extra, with_compile)
+    return _prepare_forward(case, device, extra, with_compile)

@@ -1,0 +1,356 @@
+"""Rewrites softmax, log_softmax and their top-k patterns in a Dynamo (pre-grad) FX graph into softmax_ops ops.
+
+Patterns (the names are the report's keys):
+
+  softmax, log_softmax   any call form                 -> softmax_ops.softmax / log_softmax
+  softmax_topk           topk(softmax(x, d), k, d)      -> fused_topk(x, k, d)
+  softmax_topk_renorm    ... then v / v.sum(d, keepdim)  -> fused_topk(x, k, d, renormalize=True)
+  topk_softmax           softmax(topk(x, k, d).values, d) -> fused_topk(x, k, d, renormalize=True)
+
+The last one is exact because the renormalised top-k probabilities are the softmax of the k selected logits.
+A candidate is rewritten only when the result is provably the same: value on an enabled device, supported
+dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a static int k, and no other
+reader of an intermediate that disappears. Every candidate left alone is reported with the reason.
+
+Dtypes come from the nodes' example values, which Dynamo computed under the autocast state in force. When
+autocast changed a softmax's output dtype, the replacement passes that dtype explicitly: torch's ``dtype=``
+casts the input first, which is exactly what every autocast policy for softmax does.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable
+
+import torch
+from torch.fx import Graph, Node
+
+from softmax_ops._patterns import (
+    SUPPORTED_DTYPES,
+    DivCall,
+    SoftmaxCall,
+    SumCall,
+    TopkCall,
+    Unreadable,
+    getitem_index,
+    node_value,
+    parse_div,
+    parse_softmax,
+    parse_sum,
+    parse_topk,
+    single_dim,
+    softmax_kind,
+    tensor_meta,
+    wrap_dim,
+)
+
+SOFTMAX_TOPK = "softmax_topk"
+SOFTMAX_TOPK_RENORM = "softmax_topk_renorm"
+TOPK_SOFTMAX = "topk_softmax"
+PATTERNS = ("softmax", "log_softmax", SOFTMAX_TOPK, SOFTMAX_TOPK_RENORM, TOPK_SOFTMAX)
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A candidate the pass left untouched, and why."""
+
+    pattern: str
+    node: str
+    reason: str
+    where: str = ""  # "file.py:line" of the user code, when Dynamo recorded a stack trace
+
+
+@dataclasses.dataclass(frozen=True)
+class Rewritten:
+    """A candidate the pass replaced."""
+
+    pattern: str
+    node: str
+    replacement: str
+    where: str = ""
+
+
+@dataclasses.dataclass
+class GraphOutcome:
+    """What one run of the pass did to one graph."""
+
+    rewritten: list[Rewritten] = dataclasses.field(default_factory=list)
+    skipped: list[Skipped] = dataclasses.field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        """Rewrites per pattern."""
+        return dict(collections.Counter(r.pattern for r in self.rewritten))
+
+
+def _op(kind: str) -> torch._ops.OpOverload:
+    return getattr(torch.ops.softmax_ops, kind).default
+
+
+def _is_true(value: object) -> bool:
+    return type(value) in (bool, int) and value == 1
+
+
+def _source_location(node: Node) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith('File "')]
+    if not frames:
+        return ""
+    # 'File "/path/model.py", line 42, in forward' -> 'model.py:42'
+    parts = frames[-1].split('"')
+    path = parts[1].rsplit("/", 1)[-1] if len(parts) > 2 else "?"
+    line = parts[2].split("line", 1)[-1].split(",")[0].strip() if len(parts) > 2 else "?"
+    return f"{path}:{line}"
+
+
+def _with_value(node: Node, template: Node, value: object) -> Node:
+    """Give ``node`` the template's metadata (stack trace, module stack) with ``value`` as its example value,
+    so later passes and the AOTAutograd cache checks (which want ``example_value``) see a normal node."""
+    meta = dict(template.meta)
+    meta["example_value"] = value
+    if "val" in meta:
+        meta["val"] = value
+    node.meta = meta
+    return node
+
+
+class _GraphRewriter:
+    """One pass over one graph. Analysis of each candidate happens before any mutation of it, so a candidate
+    is either fully rewritten or untouched."""
+
+    def __init__(self, graph: Graph, devices: frozenset[str]) -> None:
+        self.graph = graph
+        self.devices = devices
+        self.outcome = GraphOutcome()
+        self.settled: set[Node] = set()  # softmax nodes fused away or already reported
+        self.erased: set[Node] = set()
+
+    # ---- bookkeeping ---------------------------------------------------------------------------------
+    def _skip(self, pattern: str, node: Node, reason: str) -> None:
+        self.outcome.skipped.append(Skipped(pattern, node.name, reason, _source_location(node)))
+
+    def _done(self, pattern: str, node: Node, replacement: Node) -> None:
+        self.outcome.rewritten.append(Rewritten(pattern, node.name, replacement.name, _source_location(node)))
+
+    # ---- checks --------------------------------------------------------------------------------------
+    def _softmax_problem(self, call: SoftmaxCall) -> tuple[str | None, torch.dtype | None]:
+        """(reason not to rewrite, or None; the dtype argument the replacement must pass)."""
+        x, out = tensor_meta(call.input), tensor_meta(call.node)
+        if x is None or out is None:
+            return f"{call.kind} without tensor metadata", None
+        device = x.device.type
+        if device not in self.devices:
+            return f"{call.kind} on {device} not in SOFTMAX_OPS_DEVICES ({','.join(sorted(self.devices))})", None
+        if x.layout != torch.strided:
+            return f"{call.kind} on a {x.layout} tensor", None
+        if x.dtype not in SUPPORTED_DTYPES:
+            return f"{call.kind} of unsupported dtype {x.dtype}", None
+        if out.dtype not in SUPPORTED_DTYPES:
+            return f"{call.kind} to unsupported dtype {out.dtype}", None
+        if call.dtype is not None and out.dtype != call.dtype:
+            return f"{call.kind} with dtype={call.dtype} produced {out.dtype}", None
+        if wrap_dim(call.dim, x.dim()) is None:
+            return f"{call.kind} dim {call.dim} out of range for a {x.dim()}-d tensor", None
+        # Without dtype=, an output dtype other than the input's can only come from autocast: pass it.
+        dtype = call.dtype if call.dtype is not None else (None if out.dtype == x.dtype else out.dtype)
+        return None, dtype
+
+    def _topk_problem(self, topk: TopkCall, rank: int, dim: int) -> str | None:
+        if not _is_true(topk.largest):
+            return f"topk largest={topk.largest}"
+        if not _is_true(topk.sorted):
+            return f"topk sorted={topk.sorted}"
+        if isinstance(topk.k, Node):
+            return "topk k is symbolic (fused_topk takes a static int; it would recompile per k)"
+        if type(topk.k) is not int or topk.k < 1:
+            return f"topk k={topk.k!r} is not an int >= 1"
+        topk_dim = wrap_dim(topk.dim, rank)
+        if topk_dim != dim:
+            return f"topk over dim {topk.dim}, softmax over dim {dim}"
+        if any(getitem_index(user) not in (0, 1) for user in topk.node.users):
+            return "topk result used other than through values/indices"
+        return None
+
+    def _renormalisation(self, topk: TopkCall, dim: int, rank: int) -> tuple[DivCall, SumCall] | None:
+        """The ``values / values.sum(dim, keepdim=True)`` that follows ``topk``, when it can be fused."""
+        values_nodes = [user for user in topk.node.users if getitem_index(user) == 0]
+        for values in values_nodes:
+            for user in values.users:
+                div = parse_div(user)
+                if div is None or div.numerator is not values or not isinstance(div.denominator, Node):
+                    continue
+                total = parse_sum(div.denominator)
+                if total is None or total.input is not values:
+                    continue
+                problem = self._renorm_problem(values_nodes, values, div, total, dim, rank)
+                if problem is None:
+                    return div, total
+                self._skip(SOFTMAX_TOPK_RENORM, div.node, problem)
+                return None
+        return None
+
+    @staticmethod
+    def _renorm_problem(
+        values_nodes: list[Node], values: Node, div: DivCall, total: SumCall, dim: int, rank: int
+    ) -> str | None:
+        if len(values_nodes) != 1 or set(values.users) != {div.node, total.node}:
+            return "topk values also used elsewhere"
+        if set(total.node.users) != {div.node}:
+            return "the sum is also used elsewhere"
+        if total.dtype is not None:
+            return f"sum with dtype={total.dtype}"
+        if total.dim is None:
+            return "sum over every dim"
+        if not _is_true(total.keepdim):
+            return "sum without keepdim=True"
+        if wrap_dim(single_dim(total.dim), rank) != dim:
+            return f"renormalisation over dim {total.dim}, topk over dim {dim}"
+        value_meta, total_meta, out_meta = tensor_meta(values), tensor_meta(total.node), tensor_meta(div.node)
+        if value_meta is None or total_meta is None or out_meta is None:
+            return "renormalisation without tensor metadata"
+        if total_meta.dtype != value_meta.dtype or out_meta.dtype != value_meta.dtype:
+            return f"renormalisation changes dtype {value_meta.dtype} -> {out_meta.dtype} (autocast)"
+        return None
+
+    # ---- rewrites ------------------------------------------------------------------------------------
+    def _insert(self, before: Node, target, args: tuple, template: Node, value: object) -> Node:
+        with self.graph.inserting_before(before):
+            new = self.graph.call_function(target, args)
+        return _with_value(new, template, value)
+
+    def _erase(self, *nodes: Node) -> None:
+        for node in nodes:
+            self.graph.erase_node(node)
+            self.erased.add(node)
+
+    def _replace_softmax(self, call: SoftmaxCall) -> None:
+        problem, dtype = self._softmax_problem(call)
+        if problem:
+            self._skip(call.kind, call.node, problem)
+            return
+        new = self._insert(call.node, _op(call.kind), (call.input, call.dim, dtype), call.node, node_value(call.node))
+        call.node.replace_all_uses_with(new)
+        self._erase(call.node)
+        self._done(call.kind, call.node, new)
+
+    def _fuse_softmax_topk(self, call: SoftmaxCall, topk: TopkCall) -> None:
+        problem, dtype = self._softmax_problem(call)
+        if problem:
+            self._skip(SOFTMAX_TOPK, topk.node, problem)
+            self.settled.add(call.node)  # reported once, here
+            return
+        rank = tensor_meta(call.input).dim()
+        dim = wrap_dim(call.dim, rank)
+        if call.kind != "softmax":
+            problem = "log_softmax feeds topk (no fused log form)"
+        elif set(call.node.users) != {topk.node}:
+            problem = "softmax output also used elsewhere"
+        else:
+            problem = self._topk_problem(topk, rank, dim)
+        if problem:
+            self._skip(SOFTMAX_TOPK, topk.node, problem)
+            return
+        renorm = self._renormalisation(topk, dim, rank)
+        # Inserted where the softmax was, so the logits are read at the same point of the program as before.
+        fused = self._insert(
+            call.node,
+            _op("fused_topk"),
+            (call.input, topk.k, call.dim, renorm is not None, dtype),
+            topk.node,
+            tuple(node_value(topk.node) or ()),
+        )
+        topk.node.replace_all_uses_with(fused)
+        if renorm:
+            div, total = renorm
+            div.node.replace_all_uses_with(div.numerator)  # the fused values are already renormalised
+            self._erase(div.node, total.node)
+        self._erase(topk.node, call.node)
+        self.settled.add(call.node)
+        self._done(SOFTMAX_TOPK_RENORM if renorm else SOFTMAX_TOPK, topk.node, fused)
+
+    def _fuse_topk_softmax(self, topk: TopkCall) -> None:
+        values_nodes = [user for user in topk.node.users if getitem_index(user) == 0]
+        candidates = [
+            (values, call)
+            for values in values_nodes
+            for user in values.users
+            if (call := self._softmax_of(user)) is not None and call.input is values
+        ]
+        if not candidates:
+            return
+        values, call = candidates[0]
+        logits = tensor_meta(topk.input)
+        problem, dtype = self._softmax_problem(call)
+        if problem is None and call.kind != "softmax":
+            problem = "log_softmax over topk values (no fused log form)"
+        if problem is None and (logits is None or logits.dtype not in SUPPORTED_DTYPES):
+            problem = "topk input of unsupported dtype or without metadata"
+        if problem is None:
+            rank = logits.dim()
+            problem = self._topk_problem(topk, rank, wrap_dim(call.dim, rank))
+        if problem is None and (len(values_nodes) != 1 or set(values.users) != {call.node}):
+            problem = "topk values also used elsewhere"
+        if problem:
+            self._skip(TOPK_SOFTMAX, call.node, problem)
+            return
+        probabilities = node_value(call.node)
+        indices = tuple(node_value(topk.node) or (None, None))[1]
+        fused = self._insert(
+            topk.node, _op("fused_topk"), (topk.input, topk.k, topk.dim, True, dtype), topk.node,
+            (probabilities, indices),
+        )
+        topk.node.replace_all_uses_with(fused)
+        # The values now come out of fused_topk already normalised (and in the softmax's dtype).
+        call.node.replace_all_uses_with(values)
+        _with_value(values, values, probabilities)
+        self._erase(call.node, topk.node)
+        self.settled.add(call.node)
+        self._done(TOPK_SOFTMAX, call.node, fused)
+
+    # ---- driver --------------------------------------------------------------------------------------
+    def _softmax_of(self, node: Node) -> SoftmaxCall | None:
+        """The softmax call ``node`` makes, parsed now (earlier rewrites may have changed its arguments)."""
+        try:
+            return parse_softmax(node)
+        except Unreadable:
+            return None  # reported by _report_unreadable_softmax_calls
+
+    def _report_unreadable_softmax_calls(self) -> None:
+        for node in self.graph.nodes:
+            try:
+                parse_softmax(node)
+            except Unreadable as error:
+                self._skip(softmax_kind(node) or "softmax", node, str(error))
+
+    def _try_topk(self, node: Node) -> None:
+        try:
+            topk = parse_topk(node)
+        except Unreadable as error:
+            if node.args and isinstance(node.args[0], Node) and self._softmax_of(node.args[0]):
+                self._skip(SOFTMAX_TOPK, node, str(error))
+            return
+        if topk is None:
+            return
+        source = self._softmax_of(topk.input)
+        if source is not None and source.node not in self.settled:
+            self._fuse_softmax_topk(source, topk)
+        else:
+            self._fuse_topk_softmax(topk)
+
+    def run(self) -> GraphOutcome:
+        self._report_unreadable_softmax_calls()
+        for node in list(self.graph.nodes):
+            if node not in self.erased:
+                self._try_topk(node)
+        for node in list(self.graph.nodes):
+            if node not in self.erased and node not in self.settled:
+                call = self._softmax_of(node)
+                if call is not None:
+                    self._replace_softmax(call)
+        return self.outcome
+
+
+def rewrite_graph(graph: Graph, devices: Iterable[str]) -> GraphOutcome:
+    """Rewrite every eligible softmax/log_softmax/top-k pattern of ``graph`` in place into softmax_ops ops
+    on the given device types, and say what was rewritten and what was left alone (and why)."""
+    return _GraphRewriter(graph, frozenset(devices)).run()

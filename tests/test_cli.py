@@ -1,0 +1,144 @@
+"""The command line on CPU: the demo (tiny block), `bench --quick` with its JSON and PNG outputs, and the
+argument parsing of the benchmark's shape/op/dtype filters."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import softmax_ops
+from softmax_ops import _bench_cases as cases
+from softmax_ops.bench import main as bench_main
+
+PACKAGE_ROOT = Path(softmax_ops.__file__).resolve().parent.parent
+TINY_DEMO = ["--device", "cpu", "--tokens", "32", "--hidden", "32", "--heads", "2", "--experts", "4",
+             "--top-k", "2", "--vocab", "128", "--iters", "2"]
+QUICK_BENCH = ["--quick", "--device", "cpu", "--dtypes", "fp32"]
+ROW_KEYS = {"op", "dtype", "shape", "impl", "ms", "gbps", "kernel"}
+
+
+def run_cli(*args: str, cwd: Path, code: str | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m softmax_ops ARGS` (or `python -c CODE`) with this checkout's package first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-c", code] if code else [sys.executable, "-m", "softmax_ops", *args]
+    return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_demo_runs_on_cpu_and_matches_eager(tmp_path):
+    result = run_cli(*TINY_DEMO, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "No CUDA GPU in use: running the CPU path" in out
+    assert re.search(r"torch\.compile\s+matches eager", out)
+    assert "Time per forward step" in out
+    if hasattr(softmax_ops, "compile_report"):
+        assert re.search(r"torch\.compile \+ softmax_ops\s+matches eager", out)
+        table = out.split("Substituted by the softmax_ops compile pass:")[1].split("Outputs vs eager")[0]
+        # The block's three sites: attention softmax, router softmax->topk->renormalise, LM-head log_softmax.
+        assert "fused_topk (k=2)" in table
+        assert "32x4" in table  # the router's (tokens, experts)
+        assert "log_softmax" in table
+        assert "2x32x32" in table  # the attention scores (heads, tokens, tokens)
+    else:
+        assert "pass is unavailable" in out
+
+
+def test_demo_help_and_bad_arguments(tmp_path):
+    help_result = run_cli("--help", cwd=tmp_path)
+    assert help_result.returncode == 0
+    for option in ("--tokens", "--hidden", "--experts", "--top-k", "--vocab", "--device", "--dtype", "--iters"):
+        assert option in help_result.stdout
+    assert "bench" in help_result.stdout
+    bad = run_cli("--device", "cpu", "--experts", "4", "--top-k", "5", cwd=tmp_path)
+    assert bad.returncode == 2
+    assert "--top-k (5) must be at most --experts (4)" in bad.stderr
+
+
+def test_bench_quick_json_schema(tmp_path, capsys):
+    path = tmp_path / "results" / "cpu.json"
+    status = bench_main([*QUICK_BENCH, "--ops", "softmax,log_softmax_backward,fused_topk", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    document = json.loads(path.read_text())
+    assert {"gpu", "torch", "date", "rows"} <= set(document)
+    assert document["gpu"].startswith("CPU")
+    rows = document["rows"]
+    for row in rows:
+        assert ROW_KEYS <= set(row), row
+        assert row["impl"] in ("softmax_ops", "torch_eager")
+        assert row["ms"] > 0 and row["gbps"] > 0
+        if row["op"] == "fused_topk":
+            assert "xsum" in row and "xcopy" not in row and row["k"] > 0
+        else:
+            assert "xcopy" in row and "xsum" not in row and "k" not in row
+        assert (row["kernel"] is not None) == (row["impl"] == "softmax_ops")
+
+    expected_cases = {("softmax", f"{r}x{n}", 0) for r, n in cases.QUICK_SHAPES}
+    expected_cases |= {("log_softmax_backward", f"{r}x{n}", 0) for r, n in cases.QUICK_SHAPES}
+    expected_cases |= {("fused_topk", f"{r}x{n}", k) for r, n, k in cases.QUICK_TOPK_CASES}
+    for impl in ("softmax_ops", "torch_eager"):
+        assert {(r["op"], r["shape"], r.get("k", 0)) for r in rows if r["impl"] == impl} == expected_cases
+
+    # GB/s is PERF.md's byte count over the time: softmax moves 2 tensors, its backward 3, fused_topk reads
+    # the logits and writes k fp32 values + k int64 indices per row.
+    for row in rows:
+        rows_, n = map(int, row["shape"].split("x"))
+        if row["op"] == "softmax":
+            moved = 2 * rows_ * n * 4
+        elif row["op"] == "log_softmax_backward":
+            moved = 3 * rows_ * n * 4
+        else:
+            moved = rows_ * n * 4 + rows_ * row["k"] * 12
+        assert row["gbps"] == pytest.approx(moved / (row["ms"] * 1e-3) / 1e9, rel=1e-3, abs=2e-3)
+    assert "geomean" in out and "xCopy" in out and "xSum" in out
+
+
+def test_bench_plot_writes_png(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "sweep.png"
+    status = bench_main([*QUICK_BENCH, "--ops", "softmax", "--shapes", "8x100", "--plot", str(path)])
+    assert status == 0, capsys.readouterr().out
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_plot_without_matplotlib_says_how_to_install(tmp_path):
+    # sys.modules[name] = None makes `import name` fail, as if matplotlib were not installed.
+    code = ("import sys; sys.modules['matplotlib'] = None\n"
+            "from softmax_ops.__main__ import main\n"
+            "sys.exit(main(['bench', '--quick', '--device', 'cpu', '--plot', 'x.png']))")
+    result = run_cli(cwd=tmp_path, code=code)
+    assert result.returncode == 2
+    assert "pip install matplotlib" in result.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bench_filters():
+    assert cases.parse_shapes("4096x4096, 4x262144,64x151936k50") == [
+        (4096, 4096, 0), (4, 262144, 0), (64, 151936, 50)]
+    with pytest.raises(ValueError, match="--shapes"):
+        cases.parse_shapes("4096by4096")
+    assert cases.parse_dtypes("bfloat16,fp32") == ["bf16", "fp32"]
+    with pytest.raises(ValueError, match="--dtypes"):
+        cases.parse_dtypes("int8")
+    assert cases.parse_ops("softmax,backward") == ["softmax", "softmax_backward", "log_softmax_backward"]
+
+    selected = cases.build_cases(["softmax", "fused_topk"], ["fp16"], cases.parse_shapes("64x151936,8x8k2"),
+                                 quick=False)
+    assert [(c.op, c.rows, c.cols, c.k) for c in selected] == [
+        ("softmax", 64, 151936, 0), ("softmax", 8, 8, 0), ("fused_topk", 64, 151936, 50), ("fused_topk", 8, 8, 2)]
+    full = cases.build_cases(list(cases.ALL_OPS), list(cases.DEFAULT_DTYPES), None, quick=False)
+    assert len(full) == 3 * (4 * 22 + 12)  # PERF.md: 22 sweep shapes x 4 ops + 12 fused_topk cases, 3 dtypes
+
+
+def test_bench_rejects_unknown_op(capsys):
+    with pytest.raises(SystemExit) as error:
+        bench_main(["--quick", "--device", "cpu", "--ops", "softmaxx"])
+    assert error.value.code == 2
+    assert "unknown op 'softmaxx'" in capsys.readouterr().err
