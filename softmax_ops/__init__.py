@@ -15,6 +15,8 @@ _load_extension()
 meta = _import_meta()  # registers the fake implementations
 
 from softmax_ops import _autograd  # noqa: E402
+from softmax_ops.compile_pass import compile_report, disable, enable, is_enabled, reset_compile_report
+from softmax_ops.compile_pass import disabled_by_environment as _disabled_by_environment
 from softmax_ops.kernels import (  # noqa: E402
     apply_env_overrides as _apply_env_overrides,
     explain,
@@ -24,14 +26,6 @@ from softmax_ops.kernels import (  # noqa: E402
     set_kernel,
 )
 from softmax_ops.ops import fused_topk, log_softmax, softmax  # noqa: E402
-from softmax_ops.compile_pass import (  # noqa: E402
-    compile_report,
-    disable,
-    disabled_by_environment as _disabled_by_environment,
-    enable,
-    is_enabled,
-    reset_compile_report,
-)
 
 _autograd.register()
 _apply_env_overrides()

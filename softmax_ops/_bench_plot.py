@@ -43,10 +43,11 @@ def plot_rows(rows: list[dict], path: str, title: str) -> None:
         ratio_key, ratio_label = ("xsum", "xSum") if op == "fused_topk" else ("xcopy", "xCopy")
         for column, (key, ylabel) in enumerate((("gbps", "GB/s"), (ratio_key, ratio_label))):
             axis = axes[line][column]
-            for offset, impl in enumerate(PLOTTED_IMPLS):
+            present = [impl for impl in PLOTTED_IMPLS if any(row["impl"] == impl for row in group)]
+            for offset, impl in enumerate(present):
                 values = {_label(row): row.get(key) for row in group if row["impl"] == impl}
                 heights = [values.get(label) or 0.0 for label in labels]
-                positions = [i + (offset - (len(PLOTTED_IMPLS) - 1) / 2) * width for i in range(len(labels))]
+                positions = [i + (offset - (len(present) - 1) / 2) * width for i in range(len(labels))]
                 axis.bar(positions, heights, width, label=impl)
             if key == ratio_key:
                 axis.axhline(1.0, color="black", linewidth=0.8)
@@ -57,7 +58,7 @@ def plot_rows(rows: list[dict], path: str, title: str) -> None:
             axis.set_title(f"{op} {dtype}: {ylabel}")
             axis.legend(fontsize=7)
     figure.suptitle(title)
-    figure.tight_layout()
+    figure.tight_layout(rect=(0, 0, 1, 1 - 0.5 / figure.get_figheight()))  # leave room for the title
     figure.savefig(path, dpi=110)
     plt.close(figure)
 

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import time
@@ -83,6 +84,38 @@ def _pip_cuda_include_dirs() -> list[str]:
     return dirs
 
 
+def _toolkit_root() -> Path | None:
+    """The CUDA toolkit nvcc belongs to, when CUDA_HOME itself lacks its headers: torch adds
+    CUDA_HOME/include and -L CUDA_HOME/lib*, which are empty when nvcc on the PATH is a wrapper script
+    (CUDA_HOME=/usr/local on the CI machine), so the g++-compiled launchers (c10/cuda headers ->
+    cuda_runtime.h -> crt/*.h) and the link (-lcudart) need the real toolkit folders."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None or (Path(CUDA_HOME) / "include" / "cuda_runtime.h").is_file():
+        return None
+    try:
+        dryrun = subprocess.run(
+            [os.path.join(CUDA_HOME, "bin", "nvcc"), "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in dryrun.stderr.splitlines():
+        if line.startswith("#$ TOP="):
+            root = Path(line.split("=", 1)[1].strip()).resolve()
+            return root if (root / "include" / "cuda_runtime.h").is_file() else None
+    return None
+
+
+def _toolkit_include_and_link_flags() -> tuple[list[str], list[str]]:
+    """(include dirs, linker flags) for the toolkit found by _toolkit_root (empty when not needed)."""
+    root = _toolkit_root()
+    if root is None:
+        return [], []
+    libs = [f"-L{d}" for d in (root / "lib64", root / "lib") if (d / "libcudart.so").exists()]
+    return [str(root / "include")], libs
+
+
 def _build_directory(with_cuda: bool, arch: str) -> Path:
     config = f"torch{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-"
     config += f"cuda{torch.version.cuda}-sm{arch.replace(';', '_').replace('.', '')}" if with_cuda else "cpu"
@@ -133,11 +166,17 @@ def load_extension(verbose: bool | None = None) -> None:
         what = f"CPU + CUDA (arch {arch}; {why})" if with_cuda else f"CPU only ({why})"
         print(f"softmax_ops: compiling {len(sources)} C++/CUDA sources for {what} into {build_dir} ...",
               file=sys.stderr, flush=True)
+    toolkit_includes, toolkit_ldflags = _toolkit_include_and_link_flags() if with_cuda else ([], [])
     start = time.perf_counter()
     load(
         name=EXTENSION_NAME,
         sources=[str(s) for s in sources],
-        extra_include_paths=[str(csrc_dir() / "include"), *(_pip_cuda_include_dirs() if with_cuda else [])],
+        extra_include_paths=[
+            str(csrc_dir() / "include"),
+            *toolkit_includes,
+            *(_pip_cuda_include_dirs() if with_cuda else []),
+        ],
+        extra_ldflags=toolkit_ldflags,
         extra_cflags=cflags,
         extra_cuda_cflags=cuda_flags,
         build_directory=str(build_dir),

@@ -144,7 +144,7 @@ def _softmax_signature(node: Node) -> tuple[str, tuple[str, ...]] | None:
 
 
 def softmax_kind(node: Node) -> str | None:
-    """"softmax" or "log_softmax" when ``node`` calls one of them in any form, else None."""
+    """The kind ("softmax" or "log_softmax") when ``node`` calls one of them in any form, else None."""
     signature = _softmax_signature(node)
     return signature[0] if signature else None
 

@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Iterable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Graph, Node
 
 from softmax_ops._patterns import (
@@ -49,6 +50,9 @@ SOFTMAX_TOPK = "softmax_topk"
 SOFTMAX_TOPK_RENORM = "softmax_topk_renorm"
 TOPK_SOFTMAX = "topk_softmax"
 PATTERNS = ("softmax", "log_softmax", SOFTMAX_TOPK, SOFTMAX_TOPK_RENORM, TOPK_SOFTMAX)
+
+# Example values are FakeTensors under Dynamo; plain tensors/parameters appear in hand-built or exported graphs.
+_PLAIN_TENSOR_TYPES = (FakeTensor, torch.Tensor, torch.nn.Parameter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +144,14 @@ class _GraphRewriter:
             return f"{call.kind} without tensor metadata", None
         device = x.device.type
         if device not in self.devices:
-            return f"{call.kind} on {device} not in SOFTMAX_OPS_DEVICES ({','.join(sorted(self.devices))})", None
+            return (
+                f"{call.kind} on {device} not in SOFTMAX_OPS_DEVICES ({','.join(sorted(self.devices))})",
+                None,
+            )
+        if type(x) not in _PLAIN_TENSOR_TYPES:
+            # DTensor, NestedTensor and other subclasses dispatch softmax their own way; our ops have no
+            # rules for them.
+            return f"{call.kind} on a {type(x).__name__}", None
         if x.layout != torch.strided:
             return f"{call.kind} on a {x.layout} tensor", None
         if x.dtype not in SUPPORTED_DTYPES:
@@ -228,7 +239,9 @@ class _GraphRewriter:
         if problem:
             self._skip(call.kind, call.node, problem)
             return
-        new = self._insert(call.node, _op(call.kind), (call.input, call.dim, dtype), call.node, node_value(call.node))
+        new = self._insert(
+            call.node, _op(call.kind), (call.input, call.dim, dtype), call.node, node_value(call.node)
+        )
         call.node.replace_all_uses_with(new)
         self._erase(call.node)
         self._done(call.kind, call.node, new)
@@ -296,7 +309,10 @@ class _GraphRewriter:
         probabilities = node_value(call.node)
         indices = tuple(node_value(topk.node) or (None, None))[1]
         fused = self._insert(
-            topk.node, _op("fused_topk"), (topk.input, topk.k, topk.dim, True, dtype), topk.node,
+            topk.node,
+            _op("fused_topk"),
+            (topk.input, topk.k, topk.dim, True, dtype),
+            topk.node,
             (probabilities, indices),
         )
         topk.node.replace_all_uses_with(fused)

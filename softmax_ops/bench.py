@@ -112,6 +112,8 @@ def run_case(case: Case, device: torch.device, timer: Timer, extra: dict, wanted
         prepared = prepare_case(case, device, extra, with_compile and COMPILE in wanted)
     except torch.OutOfMemoryError:
         return CaseResult(case, None, {}, None, {OURS: "skipped: out of device memory"})
+    except Exception as error:  # noqa: BLE001  (e.g. the eager reference failing on this shape)
+        return CaseResult(case, None, {}, None, {OURS: f"setup failed: {type(error).__name__}: {error}"})
     notes = {impl: why for impl, why in prepared.unavailable.items() if impl in wanted}
     times: dict[str, float] = {}
     for impl, fn in prepared.impls.items():

@@ -131,14 +131,28 @@ class SoftmaxOpsGraphPass(CustomGraphPass):
 
 def _log_outcome(outcome: GraphOutcome, graph: torch.fx.Graph) -> None:
     for done in outcome.rewritten:
-        log.debug("softmax_ops: rewrote %s at node %s (%s) -> %s", done.pattern, done.node, done.where,
-                  done.replacement)
+        log.debug(
+            "softmax_ops: rewrote %s at node %s (%s) -> %s",
+            done.pattern,
+            done.node,
+            done.where,
+            done.replacement,
+        )
     for skipped in outcome.skipped:
-        log.debug("softmax_ops: left %s at node %s (%s): %s", skipped.pattern, skipped.node, skipped.where,
-                  skipped.reason)
+        log.debug(
+            "softmax_ops: left %s at node %s (%s): %s",
+            skipped.pattern,
+            skipped.node,
+            skipped.where,
+            skipped.reason,
+        )
     if outcome.rewritten or outcome.skipped:
-        log.info("softmax_ops: graph of %d nodes: rewrote %s; skipped %d candidate(s)", len(graph.nodes),
-                 outcome.counts() or "nothing", len(outcome.skipped))
+        log.info(
+            "softmax_ops: graph of %d nodes: rewrote %s; skipped %d candidate(s)",
+            len(graph.nodes),
+            outcome.counts() or "nothing",
+            len(outcome.skipped),
+        )
 
 
 def enable(devices: str | Iterable[str] | None = None) -> None:

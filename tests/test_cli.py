@@ -142,3 +142,23 @@ def test_bench_rejects_unknown_op(capsys):
         bench_main(["--quick", "--device", "cpu", "--ops", "softmaxx"])
     assert error.value.code == 2
     assert "unknown op 'softmaxx'" in capsys.readouterr().err
+
+
+def test_make_readme_table_renders_markdown(tmp_path):
+    def row(shape: str, impl: str, ms: float, xcopy: float) -> dict:
+        return {"op": "softmax", "dtype": "fp16", "shape": shape, "impl": impl, "ms": ms, "gbps": 1.0,
+                "xcopy": xcopy, "kernel": "warp" if impl == "softmax_ops" else None}
+
+    document = {"gpu": "Test GPU", "torch": "2.11.0", "date": "2026-01-01", "timer": "t", "rows": [
+        row("4x8", "softmax_ops", 1.0, 0.5), row("4x8", "torch_eager", 2.0, 0.25),
+        row("8x8", "softmax_ops", 1.0, 2.0), row("8x8", "torch_eager", 4.0, 0.5),
+    ]}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(document))
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "make_readme_table.py"
+    result = subprocess.run([sys.executable, str(script), str(path)], check=False, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "**Test GPU**" in result.stdout
+    # geomean xCopy of 0.5 and 2.0 is 1.00, min 0.50, one shape >= 0.85; speedups 2x and 4x -> geomean 2.83x.
+    assert "| softmax | fp16 | 2 | 1.00 | 0.50 | 1/2 | 2.83x | - |" in result.stdout
+    assert "| 4x8 | 0.50 (2.00x / -) | warp |" in result.stdout

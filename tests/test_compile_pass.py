@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 
 import pytest
 import torch
@@ -105,7 +106,9 @@ def test_graph_softmax_call_forms():
             torch.ops.aten.softmax.int(x, 1),
         )
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 softmax_default = softmax_ops.softmax.default(l_x_, 1, torch.float64)
 softmax_default_1 = softmax_ops.softmax.default(l_x_, -1, None)
@@ -114,7 +117,8 @@ softmax_default_3 = softmax_ops.softmax.default(l_x_, -1, None)
 softmax_default_4 = softmax_ops.softmax.default(l_x_, 0, torch.bfloat16)
 softmax_default_5 = softmax_ops.softmax.default(l_x_, 1, None)
 softmax_default_6 = softmax_ops.softmax.default(l_x_, 1, None)
-return (softmax_default, softmax_default_1, softmax_default_2, softmax_default_3, softmax_default_4, softmax_default_5, softmax_default_6)""")
+return (softmax_default, softmax_default_1, softmax_default_2, softmax_default_3, softmax_default_4, softmax_default_5, softmax_default_6)""",
+    )
 
 
 def test_graph_log_softmax_call_forms():
@@ -127,34 +131,43 @@ def test_graph_log_softmax_call_forms():
             torch.special.log_softmax(x, -1),
         )
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 log_softmax_default = softmax_ops.log_softmax.default(l_x_, 1, None)
 log_softmax_default_1 = softmax_ops.log_softmax.default(l_x_, -1, torch.float64)
 log_softmax_default_2 = softmax_ops.log_softmax.default(l_x_, 0, None)
 log_softmax_default_3 = softmax_ops.log_softmax.default(l_x_, 1, None)
 log_softmax_default_4 = softmax_ops.log_softmax.default(l_x_, -1, None)
-return (log_softmax_default, log_softmax_default_1, log_softmax_default_2, log_softmax_default_3, log_softmax_default_4)""")
+return (log_softmax_default, log_softmax_default_1, log_softmax_default_2, log_softmax_default_3, log_softmax_default_4)""",
+    )
 
 
 def test_graph_nn_modules_inlined():
-    assert_expected_inline(rewritten_graph(Block(), logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(Block(), logits(4, 8)),
+        """\
 inputs: l_x_
 softmax_default = softmax_ops.softmax.default(l_x_, -1, None)
 log_softmax_default = softmax_ops.log_softmax.default(l_x_, 1, None)
-return (softmax_default, log_softmax_default)""")
+return (softmax_default, log_softmax_default)""",
+    )
 
 
 def test_graph_softmax_topk_function_form():
     def fn(x):
         return torch.topk(F.softmax(x, dim=-1), 3, dim=-1)
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 3, -1, False, None)
 getitem = fused_topk_default[0]
 getitem_1 = fused_topk_default[1]
-return (getitem, getitem_1)""")
+return (getitem, getitem_1)""",
+    )
 
 
 def test_graph_softmax_topk_method_form_and_named_fields():
@@ -162,12 +175,15 @@ def test_graph_softmax_topk_method_form_and_named_fields():
         top = x.softmax(1).topk(2)
         return top.values, top.indices
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, 1, False, None)
 getitem = fused_topk_default[0]
 getitem_1 = fused_topk_default[1]
-return (getitem, getitem_1)""")
+return (getitem, getitem_1)""",
+    )
 
 
 def test_graph_softmax_topk_keywords_and_dtype():
@@ -175,12 +191,15 @@ def test_graph_softmax_topk_keywords_and_dtype():
         p = torch.softmax(x, dim=1, dtype=torch.float32)
         return torch.topk(p, k=2, dim=-1, largest=True, sorted=True)
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8, dtype=torch.bfloat16)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8, dtype=torch.bfloat16)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, 1, False, torch.float32)
 getitem = fused_topk_default[0]
 getitem_1 = fused_topk_default[1]
-return (getitem, getitem_1)""")
+return (getitem, getitem_1)""",
+    )
 
 
 def test_graph_softmax_topk_indices_only():
@@ -188,11 +207,14 @@ def test_graph_softmax_topk_indices_only():
         _, selected = torch.topk(F.softmax(x, dim=-1), 2)
         return selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, -1, False, None)
 selected = fused_topk_default[1]
-return (selected,)""")
+return (selected,)""",
+    )
 
 
 def test_graph_softmax_topk_renorm_in_place():
@@ -202,12 +224,15 @@ def test_graph_softmax_topk_renorm_in_place():
         weights /= weights.sum(dim=-1, keepdim=True)
         return weights, selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, 1, True, torch.float32)
 weights_1 = fused_topk_default[0]
 selected = fused_topk_default[1]
-return (weights_1, selected)""")
+return (weights_1, selected)""",
+    )
 
 
 def test_graph_softmax_topk_renorm_out_of_place():
@@ -215,12 +240,15 @@ def test_graph_softmax_topk_renorm_out_of_place():
         values, selected = x.softmax(-1).topk(3)
         return values / values.sum(-1, keepdim=True), selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 3, -1, True, None)
 values = fused_topk_default[0]
 selected = fused_topk_default[1]
-return (values, selected)""")
+return (values, selected)""",
+    )
 
 
 def test_graph_softmax_topk_renorm_torch_div():
@@ -228,12 +256,15 @@ def test_graph_softmax_topk_renorm_torch_div():
         values, selected = torch.topk(torch.softmax(x, 1), 2, 1)
         return torch.div(values, torch.sum(values, dim=(1,), keepdim=True)), selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, 1, True, None)
 values = fused_topk_default[0]
 selected = fused_topk_default[1]
-return (values, selected)""")
+return (values, selected)""",
+    )
 
 
 def test_graph_topk_then_softmax_method_form():
@@ -241,12 +272,15 @@ def test_graph_topk_then_softmax_method_form():
         values, selected = x.topk(2)
         return values.softmax(-1), selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, -1, True, None)
 values = fused_topk_default[0]
 selected = fused_topk_default[1]
-return (values, selected)""")
+return (values, selected)""",
+    )
 
 
 def test_graph_topk_then_softmax_mistral_form():
@@ -254,13 +288,16 @@ def test_graph_topk_then_softmax_mistral_form():
         weights, selected = torch.topk(x, 2)
         return F.softmax(weights, dim=1, dtype=torch.float).to(x.dtype), selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8, dtype=torch.bfloat16)), """\
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8, dtype=torch.bfloat16)),
+        """\
 inputs: l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, -1, True, torch.float32)
 weights = fused_topk_default[0]
 selected = fused_topk_default[1]
 to = weights.to(torch.bfloat16)
-return (to, selected)""")
+return (to, selected)""",
+    )
 
 
 def test_graph_dynamic_shapes():
@@ -270,12 +307,15 @@ def test_graph_dynamic_shapes():
 
     x = logits(4, 8)
     torch._dynamo.mark_dynamic(x, 0)
-    assert_expected_inline(rewritten_graph(fn, x), """\
+    assert_expected_inline(
+        rewritten_graph(fn, x),
+        """\
 inputs: s77, l_x_
 fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, -1, True, torch.float32)
 weights = fused_topk_default[0]
 selected = fused_topk_default[1]
-return (weights, selected)""")
+return (weights, selected)""",
+    )
 
 
 # ---- candidates that must stay untouched -------------------------------------------------------------------
@@ -285,7 +325,16 @@ def test_untouched_softmax_over_other_dim_than_topk():
     def fn(x):
         return torch.topk(F.softmax(x, dim=0), 2, dim=1)
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
+inputs: l_x_
+softmax_default = softmax_ops.softmax.default(l_x_, 0, None)
+topk = torch.topk(softmax_default, 2, dim=1)
+getitem = topk[0]
+getitem_1 = topk[1]
+return (getitem, getitem_1)""",
+    )
     assert skip_reasons() == [("softmax_topk", "topk over dim 1, softmax over dim 0")]
 
 
@@ -293,7 +342,16 @@ def test_untouched_topk_largest_false():
     def fn(x):
         return torch.topk(x.softmax(-1), 2, largest=False)
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
+inputs: l_x_
+softmax_default = softmax_ops.softmax.default(l_x_, -1, None)
+topk = torch.topk(softmax_default, 2, largest=False)
+getitem = topk[0]
+getitem_1 = topk[1]
+return (getitem, getitem_1)""",
+    )
     assert skip_reasons() == [("softmax_topk", "topk largest=False")]
 
 
@@ -310,7 +368,17 @@ def test_untouched_probabilities_used_elsewhere():
         p = x.softmax(-1)
         return torch.topk(p, 2), p.sum()
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
+inputs: l_x_
+softmax_default = softmax_ops.softmax.default(l_x_, -1, None)
+topk = torch.topk(softmax_default, 2)
+getitem = topk[0]
+getitem_1 = topk[1]
+sum_1 = softmax_default.sum()
+return (getitem, getitem_1, sum_1)""",
+    )
     assert skip_reasons() == [("softmax_topk", "softmax output also used elsewhere")]
 
 
@@ -319,7 +387,17 @@ def test_untouched_renorm_over_other_dim():
         values, selected = torch.topk(x.softmax(-1), 2)
         return values / values.sum(dim=0, keepdim=True), selected
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8)), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8)),
+        """\
+inputs: l_x_
+fused_topk_default = softmax_ops.fused_topk.default(l_x_, 2, -1, False, None)
+values = fused_topk_default[0]
+selected = fused_topk_default[1]
+sum_1 = values.sum(dim=0, keepdim=True)
+truediv = operator.truediv(values, sum_1)
+return (truediv, selected)""",
+    )
     assert skip_reasons() == [("softmax_topk_renorm", "renormalisation over dim 0, topk over dim 1")]
 
 
@@ -346,7 +424,13 @@ def test_untouched_unsupported_dtype():
     def fn(x):
         return torch.softmax(x, -1, dtype=torch.float32)
 
-    assert_expected_inline(rewritten_graph(fn, torch.arange(8, device=DEVICE).reshape(2, 4)), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, torch.arange(8, device=DEVICE).reshape(2, 4)),
+        """\
+inputs: l_x_
+softmax = torch.softmax(l_x_, -1, dtype=torch.float32)
+return (softmax,)""",
+    )
     assert skip_reasons() == [("softmax", "softmax of unsupported dtype torch.int64")]
 
 
@@ -356,7 +440,17 @@ def test_untouched_cpu_graph_when_cpu_not_enabled(monkeypatch):
     def fn(x):
         return torch.topk(x.softmax(-1), 2), x.log_softmax(0)
 
-    assert_expected_inline(rewritten_graph(fn, logits(4, 8, device="cpu")), """""")
+    assert_expected_inline(
+        rewritten_graph(fn, logits(4, 8, device="cpu")),
+        """\
+inputs: l_x_
+softmax = l_x_.softmax(-1)
+topk = torch.topk(softmax, 2)
+getitem = topk[0]
+getitem_1 = topk[1]
+log_softmax = l_x_.log_softmax(0)
+return (getitem, getitem_1, log_softmax)""",
+    )
     assert skip_reasons() == [
         ("softmax_topk", "softmax on cpu not in SOFTMAX_OPS_DEVICES (cuda)"),
         ("log_softmax", "log_softmax on cpu not in SOFTMAX_OPS_DEVICES (cuda)"),
@@ -381,8 +475,8 @@ def test_untouched_log_softmax_into_topk_and_topk_into_log_softmax():
 
     rewritten_graph(fn, logits(4, 8))
     assert skip_reasons() == [
-        ("softmax_topk", "log_softmax feeds topk (no fused log form)"),
         ("topk_softmax", "log_softmax over topk values (no fused log form)"),
+        ("softmax_topk", "log_softmax feeds topk (no fused log form)"),
     ]
     assert softmax_ops.compile_report().rewrites["log_softmax"] == 2
 
@@ -517,7 +611,13 @@ def test_autocast_dtype_becomes_explicit():
     graph = _fake_graph(torch.float16, torch.float32)
     outcome = rewrite_graph(graph, ["cpu"])
     assert outcome.counts() == {"softmax": 1}
-    assert_expected_inline(format_graph(graph), """""")
+    assert_expected_inline(
+        format_graph(graph),
+        """\
+inputs: x
+softmax_default = softmax_ops.softmax.default(x, -1, torch.float32)
+return (softmax_default,)""",
+    )
 
 
 def test_autocast_upcast_renorm_is_not_fused():
@@ -532,18 +632,63 @@ def test_autocast_upcast_renorm_is_not_fused():
 
 @requires_cuda
 def test_cuda_autocast_matches_eager():
+    """Under CUDA autocast softmax of a half tensor comes out float32; the rewrite must keep that."""
+
     def fn(x, w):
-        weights = F.softmax(x @ w, dim=-1)
-        values, selected = torch.topk(weights, 2)
-        return weights, values / values.sum(-1, keepdim=True), selected
+        scores = x @ w
+        weights, selected = torch.topk(F.softmax(scores, dim=-1), 2)
+        routed, chosen = torch.topk(scores, 2)
+        return (
+            scores.softmax(-1),
+            weights / weights.sum(-1, keepdim=True),
+            selected,
+            routed.softmax(-1),
+            chosen,
+        )
 
     x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 8, device="cuda")
     with torch.autocast("cuda", dtype=torch.float16):
         outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x, w)
         eager = fn(x, w)
+    report = softmax_ops.compile_report()
+    assert (
+        report.rewrites["softmax"],
+        report.rewrites["softmax_topk_renorm"],
+        report.rewrites["topk_softmax"],
+    ) == (
+        1,
+        1,
+        1,
+    )
     for ours, theirs in zip(outs, eager):
         assert ours.dtype == theirs.dtype
         torch.testing.assert_close(ours, theirs, atol=2e-3, rtol=2e-3)
+
+
+def test_untouched_tensor_subclass():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def fn(x):
+        return x.softmax(-1)
+
+    x = logits(4, 8)
+    rewritten_graph(fn, TwoTensor(x, x.clone()))
+    assert skip_reasons() == [("softmax", "softmax on a TwoTensor")]
+
+
+def test_disable_from_environment_at_import():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import torch, softmax_ops; "
+        "print(softmax_ops.is_enabled(), torch._inductor.config.pre_grad_custom_pass is None)"
+    )
+    package_root = str(Path(softmax_ops.__file__).resolve().parent.parent)
+    env = {**os.environ, "SOFTMAX_OPS_DISABLE": "1", "PYTHONPATH": package_root}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["False", "True"]
 
 
 # ---- model blocks through the real Inductor backend --------------------------------------------------------
@@ -634,14 +779,11 @@ def test_moe_language_model_inductor_fullgraph_dynamic_training(no_compile_cache
     torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=1e-5)
     for ours, theirs in zip(grads, eager_grads):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
-    assert softmax_ops.compile_report().rewrites == {
-        "softmax": 1,
-        "log_softmax": 1,
-        "softmax_topk": 1,
-        "softmax_topk_renorm": 1,
-        "topk_softmax": 1,
-    }
-    assert softmax_ops.compile_report().skipped == []
+    # Every pattern once per pass run (torch may trace a dynamic-shape graph more than once).
+    report = softmax_ops.compile_report()
+    assert report.graphs_seen >= 1
+    assert report.rewrites == dict.fromkeys(report.rewrites, report.graphs_seen)
+    assert report.skipped == []
 
     # A different number of tokens reuses the dynamic graph.
     tokens, targets = tokens[:7], targets[:7]
@@ -743,6 +885,7 @@ def test_chained_user_pass_runs_and_is_restored_by_disable(monkeypatch):
 
 
 def test_inductor_caches_never_mix_pass_on_and_off(tmp_path, monkeypatch):
+    from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
@@ -759,7 +902,10 @@ def test_inductor_caches_never_mix_pass_on_and_off(tmp_path, monkeypatch):
     softmax_ops.disable()
     assert "softmax_ops" not in compiled_code()  # not served the cached rewritten graph
     softmax_ops.enable()
-    assert "softmax_ops.fused_topk" in compiled_code()  # nor the unrewritten one
+    counters.clear()
+    assert "softmax_ops.fused_topk" in compiled_code()  # nor the unrewritten one...
+    # ...and served from the cache: the pass's uuid is stable, so enabling it does not defeat caching.
+    assert counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
 
 
 # ---- the report ---------------------------------------------------------------------------------------------

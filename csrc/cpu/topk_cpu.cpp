@@ -95,8 +95,8 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int6
     } else {
       select_topk_by_partition<Acc>(xr, n, k, order, idx);
     }
-    const Acc m = row_max<Acc>(xr, n);
-    const Acc inv_sum = Acc(1) / row_sum_exp<false, Acc>(xr, m, n, nullptr);
+    const Acc m = row_max(xr, n);
+    const Acc inv_sum = Acc(1) / row_sum_exp(xr, m, n);
     Acc total = 0;
     for (int64_t j = 0; j < k; ++j) {
       probs[j] = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;
@@ -111,15 +111,15 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int6
 // rule. A chunk (or prefix) whose max is -inf contributes 0, not exp(-inf - -inf) = NaN, so a row with a
 // long -inf prefix is still exact; NaN and +inf still make the sum NaN as in the forward.
 template <typename Acc, typename T>
-inline std::pair<Acc, Acc> row_max_and_sum_exp(const T* x, int64_t n) {
+SOFTMAX_OPS_CPU_INLINE std::pair<Acc, Acc> row_max_and_sum_exp(const T* x, int64_t n) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   Acc m = kNegInf;
   Acc s = 0;
   for (int64_t start = 0; start < n; start += kStatsChunk) {
     const int64_t len = std::min(kStatsChunk, n - start);
-    const Acc chunk_max = row_max<Acc>(x + start, len);
+    const Acc chunk_max = row_max(x + start, len);
     if (chunk_max == kNegInf) continue;
-    const Acc chunk_sum = row_sum_exp<false, Acc>(x + start, chunk_max, len, nullptr);
+    const Acc chunk_sum = row_sum_exp(x + start, chunk_max, len);
     const Acc new_m = chunk_max > m ? chunk_max : m;
     s = (m == kNegInf ? Acc(0) : s * fast_exp(m - new_m)) + chunk_sum * fast_exp(chunk_max - new_m);
     m = new_m;
@@ -140,7 +140,7 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_backward_rows(const T* x, const acc
     const Acc* vr = v + row * k;
     const int64_t* idx = indices + row * k;
     T* out = dx + row * n;
-    const Acc weighted = row_dot<true, Acc>(gr, vr, k);
+    const Acc weighted = sum_row2(gr, vr, k, [](auto gv, auto vv) { return gv * vv; });
     if (renormalize) {
       std::fill(out, out + n, static_cast<T>(0));
       for (int64_t j = 0; j < k; ++j) out[idx[j]] = from_acc<T>(vr[j] * (gr[j] - weighted));
@@ -149,7 +149,7 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_backward_rows(const T* x, const acc
     const T* __restrict xr = x + row * n;
     const auto [m, s] = row_max_and_sum_exp<Acc>(xr, n);
     const Acc inv_sum = Acc(1) / s;
-    for (int64_t i = 0; i < n; ++i) out[i] = from_acc<T>(fast_exp(to_acc<Acc>(xr[i]) - m) * inv_sum * -weighted);
+    map_row(xr, out, n, [=](auto v) { return fast_exp(v - m) * inv_sum * -weighted; });
     for (int64_t j = 0; j < k; ++j) {
       const Acc p = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;
       out[idx[j]] = from_acc<T>(p * (gr[j] - weighted));

@@ -23,8 +23,6 @@
 
 namespace softmax_ops::detail {
 
-constexpr int kBlockKernelMaxThreads = 1024;
-
 // Size and rank of this CTA's cluster: (1, 0) when launched without clusters or compiled for pre-Hopper.
 struct ClusterPosition {
   unsigned size;
@@ -83,6 +81,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   const int64_t begin = min(n_packs, static_cast<int64_t>(cluster.rank) * chunk);
   const int64_t end = min(n_packs, begin + chunk);
   const int64_t clusters_in_grid = gridDim.x / cluster.size;
+  if (end - begin > static_cast<int64_t>(threads) * (PREG + smem_packs)) __trap();  // dispatcher bug guard
   auto spill_slot = [&](int s, int p) -> PackIn& { return spill[(static_cast<int64_t>(s) * smem_packs + p) * threads + tid]; };
 
   int parity = 0;

@@ -52,6 +52,12 @@ struct SoftmaxPlan {
   size_t workspace_bytes = 0;  // split_row: the per-chunk partials, allocated by the caller
 };
 
+// Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
+constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
+constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
+constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 registers per thread
+constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
+
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
 // i.e. at most 64 registers per thread). Measured with `nvcc -Xptxas -v` (sm_90, nvcc 13.0): beyond these,
 // ptxas spills — float: 8 packs (32 registers of data) for one input stream; 16-bit types: 4, because the

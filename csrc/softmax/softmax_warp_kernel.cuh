@@ -15,9 +15,6 @@
 
 namespace softmax_ops::detail {
 
-constexpr int kWarpKernelThreads = 128;
-constexpr int kWarpKernelMaxPacks = 8;
-
 template <typename Op, int VEC, int PACKS>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
   using In = typename Op::In;
@@ -32,6 +29,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
   const int row_in_block = static_cast<int>(threadIdx.x / kWarpSize) * rows_per_warp + (lane >> lanes_log2);
   const int64_t rows_per_block = static_cast<int64_t>(blockDim.x / kWarpSize) * rows_per_warp;
   const int64_t n_packs = args.n / VEC;  // VEC > 1 only when VEC divides n
+  if (n_packs > static_cast<int64_t>(PACKS) * lanes) __trap();  // a dispatcher bug, never a wrong answer
 
   for (int64_t first = blockIdx.x * rows_per_block; first < args.rows;
        first += static_cast<int64_t>(gridDim.x) * rows_per_block) {

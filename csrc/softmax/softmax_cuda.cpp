@@ -1,0 +1,201 @@
+// CUDA implementations of softmax, log_softmax and their backward ops: argument checks (shared with the
+// CPU backend, op_checks.h), device guard, current stream, output allocation through the caching
+// allocator, the dispatcher's choice, the launch and its check. Also registers the "softmax" and
+// "softmax_backward" kernel families (names + explain) with the kernel registry.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "softmax_dispatch.h"
+#include "softmax_ops/kernel_registry.h"
+#include "softmax_ops/op_checks.h"
+
+namespace softmax_ops {
+namespace {
+
+DType to_dtype(at::ScalarType type) {
+  switch (type) {
+    case at::kHalf:
+      return DType::kFloat16;
+    case at::kBFloat16:
+      return DType::kBFloat16;
+    case at::kDouble:
+      return DType::kFloat64;
+    case at::kFloat:
+      return DType::kFloat32;
+    default:
+      break;
+  }
+  TORCH_CHECK_TYPE(false, "softmax_ops (CUDA): unsupported dtype ", type);
+}
+
+const char* family_of(bool backward) { return backward ? "softmax_backward" : "softmax"; }
+
+// Chooses, allocates the split-row workspace if any, launches on the current stream, checks the launch.
+void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, const at::TensorOptions& options) {
+  const int device = c10::cuda::current_device();
+  SoftmaxRequest request;
+  request.problem = problem;
+  request.vector_aligned = pointers_vector_aligned(problem, ptrs);
+  request.forced = kernel_override(family_of(problem.backward));
+  const SoftmaxChoice choice = choose_softmax_kernel(request, device_props(device));
+  TORCH_CHECK(choice.error.empty(), "softmax_ops.", op, ": ", choice.error);
+  at::Tensor workspace;  // freed after the launch: the caching allocator orders its reuse on this stream
+  if (choice.plan.workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(choice.plan.workspace_bytes)}, options.dtype(at::kByte));
+    ptrs.workspace = workspace.data_ptr();
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
+  C10_CUDA_CHECK(launch_softmax_plan(problem, choice.plan, ptrs, stream));
+}
+
+at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
+  const char* op = log ? "log_softmax" : "softmax";
+  const at::ScalarType result_dtype = softmax_result_dtype(self, dtype, op);
+  const int64_t wrapped = wrap_dim(self, dim, op);
+  const c10::cuda::CUDAGuard guard(self.device());
+  // Contiguous, and cast first unless the kernels read the input dtype directly (f16/bf16 -> f32).
+  const at::Tensor input = softmax_kernel_input(self, result_dtype);
+  at::Tensor out = at::empty(input.sizes(), input.options().dtype(result_dtype));
+  if (out.numel() == 0) return out;
+  const RowLayout layout = row_layout(input, wrapped);
+  SoftmaxProblem problem;
+  problem.log = log;
+  problem.in_dtype = to_dtype(input.scalar_type());
+  problem.out_dtype = to_dtype(result_dtype);
+  problem.outer = layout.outer;
+  problem.n = layout.n;
+  problem.inner = layout.inner;
+  SoftmaxPointers ptrs;
+  ptrs.in0 = input.data_ptr();
+  ptrs.out = out.data_ptr();
+  run(op, problem, ptrs, out.options());
+  return out;
+}
+
+// Backward dtype rule: the result has input_dtype. When input_dtype equals output's dtype, or output is
+// float32 and input_dtype float16/bfloat16 (the half_to_float forward), the kernel writes input_dtype
+// directly; otherwise it computes and writes output's dtype and the result is cast (as torch does).
+at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                    at::ScalarType input_dtype, bool log) {
+  const char* op = log ? "log_softmax_backward" : "softmax_backward";
+  check_softmax_backward_args(grad_output, output, input_dtype, op);
+  const int64_t wrapped = wrap_dim(output, dim, op);
+  const c10::cuda::CUDAGuard guard(output.device());
+  const at::ScalarType compute = output.scalar_type();
+  const bool direct = input_dtype == compute ||
+                      (compute == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16));
+  const at::ScalarType write_dtype = direct ? input_dtype : compute;
+  const at::Tensor grad = grad_output.to(compute).contiguous();
+  const at::Tensor out_c = output.contiguous();
+  at::Tensor grad_input = at::empty(out_c.sizes(), out_c.options().dtype(write_dtype));
+  if (grad_input.numel() > 0) {
+    const RowLayout layout = row_layout(out_c, wrapped);
+    SoftmaxProblem problem;
+    problem.backward = true;
+    problem.log = log;
+    problem.in_dtype = to_dtype(compute);
+    problem.out_dtype = to_dtype(write_dtype);
+    problem.outer = layout.outer;
+    problem.n = layout.n;
+    problem.inner = layout.inner;
+    SoftmaxPointers ptrs;
+    ptrs.in0 = grad.data_ptr();
+    ptrs.in1 = out_c.data_ptr();
+    ptrs.out = grad_input.data_ptr();
+    run(op, problem, ptrs, grad_input.options());
+  }
+  return direct ? grad_input : grad_input.to(input_dtype);
+}
+
+at::Tensor softmax_cuda(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return forward(self, dim, dtype, /*log=*/false);
+}
+at::Tensor log_softmax_cuda(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return forward(self, dim, dtype, /*log=*/true);
+}
+at::Tensor softmax_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                 at::ScalarType input_dtype) {
+  return backward(grad_output, output, dim, input_dtype, /*log=*/false);
+}
+at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
+                                     at::ScalarType input_dtype) {
+  return backward(grad_output, output, dim, input_dtype, /*log=*/true);
+}
+
+// softmax_ops.explain for the softmax family: the choice for a fresh contiguous tensor of `shape` on the
+// current device (or an assumed H100 when no device is visible, e.g. on a CPU-only machine).
+std::string explain_softmax(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
+                            c10::ScalarType dtype, int64_t /*k*/) {
+  const bool backward = op.find("backward") != std::string::npos;
+  const bool log = op.rfind("log_", 0) == 0;
+  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
+                   "softmax_ops.explain: dtype must be float32, float16, bfloat16 or float64, got ", dtype);
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  const int64_t ndim = std::max<int64_t>(rank, 1);
+  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.explain: dim (got ", dim,
+                    ") is out of range for a shape with ", rank, " dimensions");
+  const int64_t wrapped = dim < 0 ? dim + ndim : dim;
+  SoftmaxProblem problem;
+  problem.backward = backward;
+  problem.log = log;
+  problem.in_dtype = problem.out_dtype = to_dtype(dtype);
+  for (int64_t d = 0; d < rank; ++d) {
+    TORCH_CHECK_VALUE(shape[d] >= 0, "softmax_ops.explain: negative size in shape");
+    if (d < wrapped) problem.outer *= shape[d];
+    if (d == wrapped) problem.n = shape[d];
+    if (d > wrapped) problem.inner *= shape[d];
+  }
+  std::ostringstream text;
+  text << op << " of shape [";
+  for (int64_t d = 0; d < rank; ++d) text << (d ? ", " : "") << shape[d];
+  text << "] over dim " << wrapped << " (" << problem.rows() << " rows of " << problem.n
+       << (problem.inner > 1 ? ", strided by " + std::to_string(problem.inner) : std::string()) << "), "
+       << dtype_name(problem.in_dtype);
+  if (problem.rows() * problem.n == 0) {
+    text << ": empty, nothing is launched.";
+    return text.str();
+  }
+  const bool has_device = c10::cuda::device_count() > 0;
+  const DeviceProps props = has_device ? device_props(c10::cuda::current_device()) : DeviceProps{};
+  text << " on " << props.name << " (" << props.sm_count << " SMs, " << props.l2_bytes / (1024 * 1024)
+       << " MB L2, " << props.smem_per_block_optin / 1024 << " KB shared memory per block, "
+       << props.max_threads_per_sm << " threads per SM, sm_" << props.cc_major << props.cc_minor << ")";
+  SoftmaxRequest request;
+  request.problem = problem;
+  request.forced = kernel_override(family_of(backward));
+  const SoftmaxChoice choice = choose_softmax_kernel(request, props);
+  if (!choice.error.empty()) {
+    text << ": " << choice.error << ".";
+    return text.str();
+  }
+  text << ":\n  kernel " << describe_plan(choice.plan) << "\n  why: "
+       << (request.forced.empty() ? choice.reason : "forced with softmax_ops.force_kernel / set_kernel");
+  if (!request.forced.empty() && !choice.reason.empty() && choice.reason != "forced") text << " (" << choice.reason << ")";
+  return text.str();
+}
+
+const bool kFamiliesRegistered = [] {
+  register_kernel_family("softmax", KernelFamily{softmax_kernel_names(), &explain_softmax});
+  register_kernel_family("softmax_backward", KernelFamily{softmax_kernel_names(), &explain_softmax});
+  return true;
+}();
+
+}  // namespace
+}  // namespace softmax_ops
+
+TORCH_LIBRARY_IMPL(softmax_ops, CUDA, m) {
+  m.impl("softmax", &softmax_ops::softmax_cuda);
+  m.impl("log_softmax", &softmax_ops::log_softmax_cuda);
+  m.impl("softmax_backward", &softmax_ops::softmax_backward_cuda);
+  m.impl("log_softmax_backward", &softmax_ops::log_softmax_backward_cuda);
+}

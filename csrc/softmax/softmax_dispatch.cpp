@@ -1,0 +1,527 @@
+// choose_softmax_kernel: the ONE table of heuristics of the softmax family, and the rules that apply it.
+#include "softmax_dispatch.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <tuple>
+
+namespace softmax_ops {
+namespace {
+
+// ===================================================================================================
+// Heuristics. Every number here is an INITIAL ESTIMATE, TO BE MEASURED on H100/H200 with
+// `python -m softmax_ops bench` (shared/PERF.md); the reasoning behind each is next to it.
+// ===================================================================================================
+struct Heuristics {
+  // warp kernel for rows of at most this many bytes per input stream (f32 1024 / f16 2048 / f64 512
+  // columns). At 8 packs per lane a warp still holds such a row in 32 registers of data, and the warp
+  // kernel needs no __syncthreads; OneFlow switches from warp to block at 1024 f32 columns, PyTorch's
+  // persistent warp softmax at 1024 columns too. Longer rows want more threads per row for bytes in flight.
+  static constexpr int64_t kWarpMaxRowBytes = 4096;
+
+  // block kernel: threads per CTA the register cache aims for. 256 threads x 1-8 packs keeps several
+  // CTAs per SM (cheap barriers, overlap of one CTA's reduction with another's loads). Beyond 8 packs per
+  // thread the CTA grows up to kSharedCtaMaxThreads, then the rest of the row goes to shared memory.
+  static constexpr int kBlockTargetThreads = 256;
+
+  // A CTA that caches a row should leave room for a second CTA on its SM, so one CTA's loads overlap
+  // the other's reduction and stores: at most 512 threads (64 registers each = half the register file)
+  // and half the SM's shared memory. Rows larger than that use a cluster (or a CTA that owns the SM).
+  static constexpr int kSharedCtaMaxThreads = 512;
+  static constexpr int kSmemReservePerCta = 2048;  // static shared memory (<= 1088 B) + driver reserve
+
+  // Fewer rows than SMs: one CTA per row leaves SMs idle (PERF.md: 4 x 262144 runs at 0.10 of copy in
+  // torch eager for exactly this reason), so rows are split over a cluster of CTAs.
+  static constexpr double kFewRowsPerSm = 1.0;
+
+  // Cluster chunk of at least 16 KB per CTA: below that the cluster barrier + DSMEM exchange (~1-2 us)
+  // costs more than the extra SMs save. Clusters up to 8 CTAs are portable; 16 needs the non-portable
+  // opt-in and a whole GPC, so it is only used when the occupancy API says one fits.
+  static constexpr int64_t kClusterMinChunkBytes = 16 * 1024;
+  static constexpr int kPortableClusterMax = 8;
+  static constexpr int kClusterMax = 16;
+
+  // two_pass (one CTA per row, re-read from L2) rather than split_row when rows are at least this many
+  // per SM: every SM is busy anyway and one launch beats two.
+  static constexpr double kTwoPassMinRowsPerSm = 2.0;
+  static constexpr int kTwoPassThreads = 512;
+
+  // split_row: about 2 CTAs per SM in total (balance across SMs), chunks of at least 64 KB of input
+  // (the partials pass then costs one merge per 64 KB; smaller chunks are launch-latency bound anyway).
+  static constexpr double kSplitCtasPerSm = 2.0;
+  static constexpr int64_t kSplitMinChunkBytes = 64 * 1024;
+  static constexpr int kSplitThreads = 512;
+
+  // strided kernel: 256 threads per CTA (32 columns x 8 along n, or inner x 256/inner), 512 when there
+  // are fewer tiles than 2 x SMs (more threads per tile then is the only parallelism left).
+  static constexpr int kStridedThreads = 256;
+  static constexpr int kStridedThreadsFewTiles = 512;
+
+  // Persistent-style grids: at most this many waves of resident CTAs; each CTA loops over the rest.
+  static constexpr int kGridWaves = 8;
+};
+
+constexpr const char* kKernelNames[kNumSoftmaxKernels] = {"warp",     "block_onepass", "cluster_onepass",
+                                                          "two_pass", "split_row",     "strided"};
+
+int dtype_bytes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 8;
+    case DType::kFloat32:
+      break;
+  }
+  return 4;
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+int64_t pow2_ceil(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p *= 2;
+  return p;
+}
+int64_t pow2_floor(int64_t v) {
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  return p;
+}
+
+std::string kib(int64_t bytes) {
+  std::ostringstream s;
+  if (bytes >= 1024 * 1024) {
+    s << (bytes + 512 * 1024) / (1024 * 1024) << " MB";
+  } else if (bytes >= 1024) {
+    s << (bytes + 512) / 1024 << " KB";
+  } else {
+    s << bytes << " B";
+  }
+  return s.str();
+}
+
+// Per-problem quantities every rule reads.
+struct Geometry {
+  int streams;         // input arrays read per element: 1 forward, 2 backward
+  int in_bytes;
+  int vec;             // elements per pack
+  int pack_bytes;      // bytes per pack of one stream
+  int64_t n_packs;     // packs per row
+  int64_t rows;
+  int64_t row_bytes;   // bytes of one row, all streams: what a one-pass kernel caches
+  int max_reg_packs;   // block kernel register cache (max_block_reg_packs)
+};
+
+Geometry geometry_of(const SoftmaxRequest& request) {
+  const SoftmaxProblem& p = request.problem;
+  Geometry g;
+  g.streams = p.backward ? 2 : 1;
+  g.in_bytes = dtype_bytes(p.in_dtype);
+  const int vec16 = 16 / g.in_bytes;
+  g.vec = (p.inner == 1 && request.vector_aligned && p.n % vec16 == 0) ? vec16 : 1;
+  g.pack_bytes = g.vec * g.in_bytes;
+  g.n_packs = ceil_div(p.n, g.vec);
+  g.rows = p.rows();
+  g.row_bytes = p.n * g.in_bytes * g.streams;
+  g.max_reg_packs = max_block_reg_packs(p.in_dtype, p.backward);
+  return g;
+}
+
+// CTAs launched at most: kGridWaves waves of the CTAs that fit on the device at once.
+int64_t grid_cap(const DeviceProps& props, int threads) {
+  const int64_t per_sm = std::max(1, props.max_threads_per_sm / threads);
+  return std::max<int64_t>(1, props.sm_count * per_sm * Heuristics::kGridWaves);
+}
+
+// ---- kernel plans ---------------------------------------------------------------------------------
+
+SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
+  SoftmaxPlan plan;
+  plan.kernel = SoftmaxKernel::kWarp;
+  plan.vec = g.vec;
+  plan.threads = kWarpKernelThreads;
+  if (g.n_packs <= 32) {
+    // Short rows: just enough lanes for one pack each, several rows per warp (MoE routers, N = 8..256).
+    plan.lanes_per_row = static_cast<int>(pow2_ceil(std::max<int64_t>(g.n_packs, 1)));
+    plan.reg_packs = 1;
+  } else {
+    plan.lanes_per_row = 32;
+    plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
+  }
+  const int64_t rows_per_cta = (kWarpKernelThreads / 32) * (32 / plan.lanes_per_row);
+  plan.grid = std::min(ceil_div(g.rows, rows_per_cta), grid_cap(props, plan.threads));
+  return plan;
+}
+
+// How a CTA caches `packs` packs (per stream) of a row: threads, register packs, shared-memory packs.
+struct CacheShape {
+  int threads;
+  int reg_packs;
+  int smem_packs;
+  size_t smem_bytes;
+};
+
+std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget) {
+  packs = std::max<int64_t>(packs, 1);
+  if (g.vec > 1) {  // the vector path has every register bucket; prefer few packs and ~256 threads
+    for (int reg_packs = 1; reg_packs <= g.max_reg_packs; reg_packs *= 2) {
+      const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
+      if (threads <= Heuristics::kBlockTargetThreads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
+    }
+  }
+  const int reg_packs = g.max_reg_packs;  // the only bucket compiled for single elements
+  const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
+  if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
+  const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;
+  const int64_t smem_bytes = smem_packs * max_threads * g.pack_bytes * g.streams;
+  if (smem_bytes > smem_budget) return std::nullopt;
+  return CacheShape{max_threads, reg_packs, static_cast<int>(smem_packs), static_cast<size_t>(smem_bytes)};
+}
+
+// Budget for a CTA that must leave room for another on its SM, and for one that may own the SM.
+int64_t shared_smem_budget(const DeviceProps& props) {
+  return props.smem_per_sm / 2 - Heuristics::kSmemReservePerCta;
+}
+int64_t exclusive_smem_budget(const DeviceProps& props) {
+  return props.smem_per_block_optin - Heuristics::kSmemReservePerCta;
+}
+
+SoftmaxPlan plan_cached(const Geometry& g, const DeviceProps& props, const CacheShape& shape, int cluster) {
+  SoftmaxPlan plan;
+  plan.kernel = cluster > 1 ? SoftmaxKernel::kClusterOnePass : SoftmaxKernel::kBlockOnePass;
+  plan.vec = g.vec;
+  plan.threads = shape.threads;
+  plan.reg_packs = shape.reg_packs;
+  plan.smem_packs = shape.smem_packs;
+  plan.smem_bytes = shape.smem_bytes;
+  plan.cluster = cluster;
+  const int64_t clusters = std::min(g.rows, std::max<int64_t>(1, grid_cap(props, shape.threads) / cluster));
+  plan.grid = clusters * cluster;
+  return plan;
+}
+
+SoftmaxPlan plan_two_pass(const Geometry& g, const DeviceProps& props) {
+  SoftmaxPlan plan;
+  plan.kernel = SoftmaxKernel::kTwoPass;
+  plan.vec = g.vec;
+  plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(g.n_packs, 32), 32, Heuristics::kTwoPassThreads));
+  plan.grid = std::min(g.rows, grid_cap(props, plan.threads));
+  return plan;
+}
+
+SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool forced) {
+  SoftmaxPlan plan;
+  plan.kernel = SoftmaxKernel::kSplitRow;
+  plan.vec = g.vec;
+  const int64_t want = static_cast<int64_t>(Heuristics::kSplitCtasPerSm * props.sm_count / g.rows + 0.999);
+  const int64_t most = std::max<int64_t>(1, g.n_packs * g.pack_bytes / Heuristics::kSplitMinChunkBytes);
+  int64_t chunks = std::clamp<int64_t>(want, 1, most);
+  if (forced) chunks = std::max<int64_t>(chunks, 2);  // a forced split_row really splits (tests)
+  chunks = std::min(chunks, g.n_packs);
+  const int64_t chunk_packs = ceil_div(g.n_packs, chunks);
+  plan.chunks = ceil_div(g.n_packs, chunk_packs);  // no empty chunk (launch.cu recomputes chunk_packs)
+  plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(chunk_packs, 32), 32, Heuristics::kSplitThreads));
+  plan.grid = std::min(g.rows * plan.chunks, grid_cap(props, plan.threads));
+  const int64_t acc_bytes = (g.streams == 1 ? 2 : 1) * (g.in_bytes == 8 ? 8 : 4);  // MaxSum or a sum
+  plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * acc_bytes);
+  return plan;
+}
+
+SoftmaxPlan plan_strided(const SoftmaxProblem& p, const DeviceProps& props) {
+  SoftmaxPlan plan;
+  plan.kernel = SoftmaxKernel::kStrided;
+  plan.vec = 1;
+  plan.block_x = static_cast<int>(std::min<int64_t>(p.inner, 32));
+  const int64_t tiles = p.outer * ceil_div(p.inner, plan.block_x);
+  const int target = tiles < 2 * props.sm_count ? Heuristics::kStridedThreadsFewTiles : Heuristics::kStridedThreads;
+  const int64_t block_y = std::min(pow2_floor(std::max(1, target / plan.block_x)), pow2_ceil(p.n));
+  plan.threads = static_cast<int>(plan.block_x * block_y);
+  plan.grid = std::min(tiles, grid_cap(props, plan.threads));
+  return plan;
+}
+
+// ---- the decision ---------------------------------------------------------------------------------
+
+class Chooser {
+ public:
+  Chooser(const SoftmaxRequest& request, const DeviceProps& props)
+      : request_(request), p_(request.problem), props_(props), g_(geometry_of(request)) {}
+
+  SoftmaxChoice choose() {
+    if (!request_.forced.empty()) return forced();
+    if (p_.inner > 1) return ok(plan_strided(p_, props_), "the reduced dim is not the last one (inner size " +
+                                                             std::to_string(p_.inner) +
+                                                             "): threads run across inner, coalesced, no transpose");
+    if (warp_fits() && p_.n * g_.in_bytes <= Heuristics::kWarpMaxRowBytes) {
+      return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
+                                           kib(Heuristics::kWarpMaxRowBytes) + "): one warp or sub-warp per row, " +
+                                           "row in registers, no block barrier");
+    }
+    const bool few_rows = static_cast<double>(g_.rows) < Heuristics::kFewRowsPerSm * props_.sm_count;
+    return few_rows ? choose_few_rows() : choose_many_rows();
+  }
+
+ private:
+  SoftmaxChoice choose_many_rows() {
+    if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
+      return ok(plan_cached(g_, props_, *shape, 1),
+                "enough rows for every SM; a row (" + kib(g_.row_bytes) + ") fits on chip in one CTA that leaves " +
+                    "room for a second per SM: one read, one write");
+    }
+    if (auto choice = try_clusters(2, /*exclusive=*/false)) {
+      choice->reason = "enough rows, but a row (" + kib(g_.row_bytes) + ") is too large for one CTA: " +
+                       choice->reason;
+      return *choice;
+    }
+    if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
+      return ok(plan_cached(g_, props_, *shape, 1),
+                "a row (" + kib(g_.row_bytes) + ") fits on chip only in a CTA that owns its SM: one read, one write");
+    }
+    if (auto choice = try_clusters(2, /*exclusive=*/true)) return *choice;
+    if (static_cast<double>(g_.rows) >= Heuristics::kTwoPassMinRowsPerSm * props_.sm_count) {
+      return ok(plan_two_pass(g_, props_), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even in a " +
+                                               "cluster; rows keep every SM busy: one CTA per row, online " +
+                                               "(max, sum) pass then a re-read");
+    }
+    return ok(plan_split_row(g_, props_, false), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even " +
+                                                     "in a cluster, and rows alone cannot fill the SMs: " +
+                                                     "partials per chunk, merged in fixed order, then a re-read");
+  }
+
+  SoftmaxChoice choose_few_rows() {
+    const std::string why_few = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs";
+    const int64_t fill = ceil_div(props_.sm_count, g_.rows);  // CTAs per row to cover every SM
+    const int64_t by_size = std::max<int64_t>(1, g_.row_bytes / Heuristics::kClusterMinChunkBytes);
+    const int want = static_cast<int>(std::min<int64_t>({fill, by_size, Heuristics::kClusterMax}));
+    if (want <= 1 || !clusters_supported()) {
+      if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
+        return ok(plan_cached(g_, props_, *shape, 1),
+                  why_few + ", but a row (" + kib(g_.row_bytes) +
+                      (want <= 1 ? ") is too small to split" : ") cannot be split (no thread-block clusters)") +
+                      ": one CTA per row, one read, one write");
+      }
+    }
+    if (want > 1) {
+      if (auto choice = try_clusters(want, /*exclusive=*/false)) {
+        choice->reason = why_few + ": " + choice->reason;
+        return *choice;
+      }
+      if (auto choice = try_clusters(want, /*exclusive=*/true)) {
+        choice->reason = why_few + ": " + choice->reason;
+        return *choice;
+      }
+    }
+    return ok(plan_split_row(g_, props_, false),
+              why_few + " and a row (" + kib(g_.row_bytes) + ") does not fit on chip in a cluster: " +
+                  "two launches, partial (max, sum) per chunk merged in fixed order, then normalise");
+  }
+
+  // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
+  // per-CTA chunk fits (shared or exclusive budget) and which the device can schedule.
+  std::optional<SoftmaxChoice> try_clusters(int first, bool exclusive) {
+    if (!clusters_supported()) return std::nullopt;
+    const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kSharedCtaMaxThreads;
+    const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
+    first = std::clamp(first, 2, Heuristics::kClusterMax);
+    for (int step = 0; step <= Heuristics::kClusterMax - 2; ++step) {
+      const int cluster = first + step <= Heuristics::kClusterMax ? first + step : Heuristics::kClusterMax - step;
+      const int64_t chunk = ceil_div(g_.n_packs, cluster);
+      auto shape = cache_shape(chunk, g_, max_threads, budget);
+      if (!shape) continue;
+      SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
+      if (!cluster_schedulable(plan)) continue;
+      return ok(plan, "a cluster of " + std::to_string(cluster) + " CTAs per row, each caching " +
+                          kib(chunk * g_.pack_bytes * g_.streams) + " on chip; partial (max, sum) merged through " +
+                          "distributed shared memory in fixed order: one read, one write");
+    }
+    return std::nullopt;
+  }
+
+  bool clusters_supported() const { return props_.cc_major >= 9; }
+
+  bool cluster_schedulable(const SoftmaxPlan& plan) const {
+    if (plan.cluster <= Heuristics::kPortableClusterMax || props_.assumed) return true;
+    // Non-portable sizes need a GPC with that many free SMs: ask the occupancy API once per shape.
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int>;
+    static std::mutex mutex;
+    static std::map<Key, bool> known;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    const Key key{device, static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
+                  plan.vec, plan.reg_packs, plan.threads, plan.smem_bytes, plan.cluster};
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(key);
+    if (it == known.end()) it = known.emplace(key, softmax_cluster_fits(p_, plan)).first;
+    return it->second;
+  }
+
+  bool warp_fits() const { return g_.n_packs <= 32 * kWarpKernelMaxPacks; }
+
+  SoftmaxChoice forced() {
+    const std::string& name = request_.forced;
+    const std::string prefix = "the forced kernel '" + name + "' (softmax_ops.force_kernel) cannot run this " +
+                               "problem (rows=" + std::to_string(g_.rows) + ", n=" + std::to_string(p_.n) +
+                               ", inner=" + std::to_string(p_.inner) + ", " + dtype_name(p_.in_dtype) + "): ";
+    if (name == "strided") return ok(plan_strided(p_, props_), "forced");
+    if (p_.inner > 1) {
+      return fail(prefix + "it needs the reduced dim to be the last (contiguous) one, but here every " +
+                  std::to_string(p_.inner) + " elements separate two of a row's; force 'strided' or let the " +
+                  "dispatcher choose");
+    }
+    if (name == "warp") {
+      if (!warp_fits()) {
+        return fail(prefix + "a warp holds at most 32 lanes x " + std::to_string(kWarpKernelMaxPacks) + " packs x " +
+                    std::to_string(g_.vec) + " elements = " + std::to_string(32 * kWarpKernelMaxPacks * g_.vec) +
+                    " columns");
+      }
+      return ok(plan_warp(g_, props_), "forced");
+    }
+    if (name == "block_onepass") {
+      if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
+        return ok(plan_cached(g_, props_, *shape, 1), "forced");
+      }
+      return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds one CTA's registers + shared memory");
+    }
+    if (name == "cluster_onepass") {
+      if (!clusters_supported()) {
+        return fail(prefix + "thread-block clusters need compute capability 9.0, this device has " +
+                    std::to_string(props_.cc_major) + "." + std::to_string(props_.cc_minor));
+      }
+      const int64_t fill = std::max<int64_t>(2, ceil_div(props_.sm_count, g_.rows));
+      const int first = static_cast<int>(std::min<int64_t>(fill, Heuristics::kClusterMax));
+      for (int start : {first, 2}) {
+        if (auto choice = try_clusters(start, false)) return *choice;
+        if (auto choice = try_clusters(start, true)) return *choice;
+      }
+      return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds the registers + shared memory of a " +
+                  "cluster of " + std::to_string(Heuristics::kClusterMax) + " CTAs");
+    }
+    if (name == "two_pass") return ok(plan_two_pass(g_, props_), "forced");
+    if (name == "split_row") return ok(plan_split_row(g_, props_, true), "forced");
+    return fail("unknown softmax kernel '" + name + "'");
+  }
+
+  static SoftmaxChoice ok(const SoftmaxPlan& plan, std::string reason) { return {plan, std::move(reason), ""}; }
+  static SoftmaxChoice fail(std::string error) { return {SoftmaxPlan{}, "", std::move(error)}; }
+
+  const SoftmaxRequest& request_;
+  const SoftmaxProblem& p_;
+  const DeviceProps& props_;
+  const Geometry g_;
+};
+
+DeviceProps query_device_props(int device) {
+  DeviceProps props;
+  auto attribute = [&](cudaDeviceAttr attr, int fallback) {
+    int value = 0;
+    return cudaDeviceGetAttribute(&value, attr, device) == cudaSuccess ? value : fallback;
+  };
+  props.sm_count = attribute(cudaDevAttrMultiProcessorCount, props.sm_count);
+  props.l2_bytes = attribute(cudaDevAttrL2CacheSize, static_cast<int>(props.l2_bytes));
+  props.smem_per_block_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, props.smem_per_block_optin);
+  props.smem_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, props.smem_per_sm);
+  props.max_threads_per_sm = attribute(cudaDevAttrMaxThreadsPerMultiProcessor, props.max_threads_per_sm);
+  props.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, props.cc_major);
+  props.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, props.cc_minor);
+  cudaDeviceProp full{};
+  props.name = cudaGetDeviceProperties(&full, device) == cudaSuccess ? std::string(full.name)
+                                                                      : "CUDA device " + std::to_string(device);
+  props.assumed = false;
+  (void)cudaGetLastError();  // a failed attribute query falls back to the default; leave no error behind
+  return props;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat32:
+      break;
+  }
+  return "float32";
+}
+
+const DeviceProps& device_props(int device) {
+  static std::mutex mutex;
+  static std::map<int, DeviceProps> cache;  // node-based: references stay valid as devices are added
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(device);
+  if (it == cache.end()) it = cache.emplace(device, query_device_props(device)).first;
+  return it->second;
+}
+
+SoftmaxChoice choose_softmax_kernel(const SoftmaxRequest& request, const DeviceProps& props) {
+  return Chooser(request, props).choose();
+}
+
+bool pointers_vector_aligned(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs) {
+  const int in_bytes = dtype_bytes(problem.in_dtype);
+  const uintptr_t out_pack = static_cast<uintptr_t>(16 / in_bytes * dtype_bytes(problem.out_dtype));
+  auto aligned = [](const void* ptr, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; };
+  return aligned(ptrs.in0, 16) && aligned(ptrs.in1, 16) && aligned(ptrs.out, out_pack);
+}
+
+const char* softmax_kernel_name(SoftmaxKernel kernel) { return kKernelNames[static_cast<int>(kernel)]; }
+
+std::vector<std::string> softmax_kernel_names() {
+  return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
+}
+
+std::string describe_plan(const SoftmaxPlan& plan) {
+  std::ostringstream s;
+  s << softmax_kernel_name(plan.kernel) << ": " << plan.grid << " CTAs x " << plan.threads << " threads, "
+    << plan.vec << " element(s) per access";
+  switch (plan.kernel) {
+    case SoftmaxKernel::kWarp:
+      s << ", " << plan.lanes_per_row << " lane(s) per row, " << plan.reg_packs << " pack(s) per lane";
+      break;
+    case SoftmaxKernel::kBlockOnePass:
+    case SoftmaxKernel::kClusterOnePass:
+      if (plan.cluster > 1) s << ", clusters of " << plan.cluster << " CTAs per row";
+      s << ", " << plan.reg_packs << " pack(s) per thread in registers + " << plan.smem_packs
+        << " in shared memory (" << kib(static_cast<int64_t>(plan.smem_bytes)) << " dynamic)";
+      break;
+    case SoftmaxKernel::kSplitRow:
+      s << ", " << plan.chunks << " chunks per row, 2 launches, " << kib(static_cast<int64_t>(plan.workspace_bytes))
+        << " workspace";
+      break;
+    case SoftmaxKernel::kStrided:
+      s << " (" << plan.block_x << " across inner x " << plan.threads / plan.block_x << " along n)";
+      break;
+    case SoftmaxKernel::kTwoPass:
+      break;
+  }
+  return s.str();
+}
+
+cudaError_t launch_softmax_plan(const SoftmaxProblem& problem, const SoftmaxPlan& plan, const SoftmaxPointers& ptrs,
+                                cudaStream_t stream) {
+  switch (plan.kernel) {
+    case SoftmaxKernel::kWarp:
+      return launch_softmax_warp(problem, plan, ptrs, stream);
+    case SoftmaxKernel::kBlockOnePass:
+    case SoftmaxKernel::kClusterOnePass:
+      return launch_softmax_block(problem, plan, ptrs, stream);
+    case SoftmaxKernel::kTwoPass:
+    case SoftmaxKernel::kSplitRow:
+    case SoftmaxKernel::kStrided:
+      return launch_softmax_streaming(problem, plan, ptrs, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace softmax_ops

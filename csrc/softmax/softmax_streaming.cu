@@ -1,0 +1,38 @@
+// Launches the kernels that stream rows (two_pass, split_row, strided), forward and backward.
+#include "softmax_streaming_kernels.cuh"
+
+namespace softmax_ops {
+
+cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
+                                     const SoftmaxPointers& ptrs, cudaStream_t stream) {
+  using namespace detail;
+  const unsigned grid = static_cast<unsigned>(plan.grid);
+  return dispatch_row_op(problem, [&](auto op) -> cudaError_t {
+    using Op = decltype(op);
+    using Acc = typename Op::Acc;
+    const RowArgs<Op> args = make_row_args(op, problem, ptrs);
+    if (plan.kernel == SoftmaxKernel::kStrided) {
+      if (plan.block_x < 1 || plan.threads % plan.block_x != 0) return cudaErrorInvalidValue;
+      const dim3 block(plan.block_x, plan.threads / plan.block_x);
+      softmax_strided_kernel<Op><<<grid, block, 0, stream>>>(args);
+      return cudaGetLastError();
+    }
+    return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) -> cudaError_t {
+      constexpr int kVec = std::decay_t<decltype(vec)>::value;
+      if (plan.kernel == SoftmaxKernel::kTwoPass) {
+        softmax_two_pass_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args);
+        return cudaGetLastError();
+      }
+      if (plan.kernel != SoftmaxKernel::kSplitRow || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
+      const int64_t chunk_packs = (problem.n / kVec + plan.chunks - 1) / plan.chunks;
+      Acc* partials = static_cast<Acc*>(ptrs.workspace);
+      softmax_split_partials_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, chunk_packs, partials);
+      cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+      softmax_split_apply_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, chunk_packs, partials);
+      return cudaGetLastError();
+    });
+  });
+}
+
+}  // namespace softmax_ops

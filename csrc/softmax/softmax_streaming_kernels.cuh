@@ -1,0 +1,266 @@
+// Kernels that stream a row instead of caching it, so they handle ANY n:
+//   two_pass: one CTA per row; pass 1 folds the row into (max, sum) chunk by chunk, the CTA merges, pass 2
+//             re-reads (from L2 when the row is still there) and writes.
+//   split_row: two launches for few rows x huge n. Launch 1: CTA (row, c) folds chunk c into a partial,
+//             written to a workspace [rows][chunks]. Launch 2: CTA (row, c) merges the row's partials in a
+//             fixed order (bitwise reproducible), re-reads chunk c and writes it.
+//   strided:  the reduced dim is not last ([outer, n, inner > 1]): threads map to the inner index, so
+//             every warp load is contiguous across inner, and loop over n; no transpose copy.
+//
+// Each thread keeps U packs in flight per step (kStreamUnroll) and folds them with one exponential per
+// element plus one per step (ForwardOp::accumulate), never a per-element online update.
+#pragma once
+
+#include "softmax_kernel_common.cuh"
+
+namespace softmax_ops::detail {
+
+// Packs in flight per thread and step: 4 x 16 bytes for one stream, 2 x 16 bytes each for the backward's
+// two; single elements 8 (4 each). More gains nothing at 512 threads (>= 32 KB in flight per CTA) and
+// costs registers. fp64 16-byte packs hold 2 elements: 4 of them as well.
+template <typename Op, int VEC>
+constexpr int kStreamUnroll = (VEC > 1 ? 4 : 8) / Op::kStreams;
+
+// Folds packs [begin, end) of one row; this thread takes packs begin + tid, begin + tid + threads, ...
+template <typename Op, int VEC>
+__device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typename Op::In* const* in, int64_t begin,
+                                                     int64_t end, int tid, int threads) {
+  using In = typename Op::In;
+  using C = typename Op::C;
+  constexpr int S = Op::kStreams;
+  constexpr int U = kStreamUnroll<Op, VEC>;
+  typename Op::Acc acc = Op::identity();
+  for (int64_t first = begin + tid; first < end; first += static_cast<int64_t>(U) * threads) {
+    Pack<In, VEC> packs[S][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = first + static_cast<int64_t>(u) * threads;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        packs[s][u] = k < end ? load_vec<In, VEC>(in[s] + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+      }
+    }
+    acc = op.accumulate(acc, [&](auto&& fn) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          C v[S];
+#pragma unroll
+          for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
+          fn(v);
+        }
+      }
+    });
+  }
+  return acc;
+}
+
+// Second pass over packs [begin, end): re-read (last use: evict-first), normalise, write.
+template <typename Op, int VEC>
+__device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row& row_consts,
+                                            const typename Op::In* const* in, typename Op::Out* out,
+                                            int64_t begin, int64_t end, int tid, int threads) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  using C = typename Op::C;
+  constexpr int S = Op::kStreams;
+  constexpr int U = kStreamUnroll<Op, VEC>;
+  for (int64_t first = begin + tid; first < end; first += static_cast<int64_t>(U) * threads) {
+    Pack<In, VEC> packs[S][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = first + static_cast<int64_t>(u) * threads;
+      if (k < end) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) packs[s][u] = load_vec<In, VEC, /*kLastUse=*/true>(in[s] + k * VEC);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t k = first + static_cast<int64_t>(u) * threads;
+      if (k < end) {
+        Pack<Out, VEC> result;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          C v[S];
+#pragma unroll
+          for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
+          result.v[j] = op.apply(row_consts, v);
+        }
+        store_vec<Out, VEC>(out + k * VEC, result);
+      }
+    }
+  }
+}
+
+template <typename Op>
+__device__ __forceinline__ void row_pointers(const RowArgs<Op>& args, int64_t row, const typename Op::In** in) {
+#pragma unroll
+  for (int s = 0; s < Op::kStreams; ++s) in[s] = args.in[s] + row * args.n;
+}
+
+template <typename Op, int VEC>
+__global__ void __launch_bounds__(kStreamingMaxThreads) softmax_two_pass_kernel(RowArgs<Op> args) {
+  using Acc = typename Op::Acc;
+  __shared__ Acc partials[2][kWarpSize];
+  const Op op = args.op;
+  const int64_t n_packs = args.n / VEC;
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x, parity ^= 1) {
+    const typename Op::In* in[Op::kStreams];
+    row_pointers(args, row, in);
+    Acc acc = fold_packs<Op, VEC>(op, in, 0, n_packs, threadIdx.x, blockDim.x);
+    acc = block_all_reduce<Op>(acc, partials, parity);
+    write_packs<Op, VEC>(op, op.finalize(acc), in, args.out + row * args.n, 0, n_packs, threadIdx.x, blockDim.x);
+  }
+}
+
+// Work item `item` of the split-row launches is chunk item % chunks of row item / chunks.
+struct SplitChunk {
+  int64_t row;
+  int64_t begin;
+  int64_t end;
+};
+
+__device__ __forceinline__ SplitChunk split_chunk(int64_t item, int64_t chunks, int64_t chunk_packs, int64_t n_packs) {
+  const int64_t row = item / chunks;
+  const int64_t begin = min(n_packs, (item % chunks) * chunk_packs);
+  return {row, begin, min(n_packs, begin + chunk_packs)};
+}
+
+template <typename Op, int VEC>
+__global__ void __launch_bounds__(kStreamingMaxThreads)
+    softmax_split_partials_kernel(RowArgs<Op> args, int64_t chunks, int64_t chunk_packs, typename Op::Acc* partials_out) {
+  using Acc = typename Op::Acc;
+  __shared__ Acc partials[2][kWarpSize];
+  const Op op = args.op;
+  const int64_t n_packs = args.n / VEC;
+  const int64_t items = args.rows * chunks;
+  int parity = 0;
+  for (int64_t item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
+    const SplitChunk chunk = split_chunk(item, chunks, chunk_packs, n_packs);
+    const typename Op::In* in[Op::kStreams];
+    row_pointers(args, chunk.row, in);
+    Acc acc = fold_packs<Op, VEC>(op, in, chunk.begin, chunk.end, threadIdx.x, blockDim.x);
+    acc = block_all_reduce<Op>(acc, partials, parity);
+    if (threadIdx.x == 0) partials_out[item] = acc;
+  }
+}
+
+template <typename Op, int VEC>
+__global__ void __launch_bounds__(kStreamingMaxThreads)
+    softmax_split_apply_kernel(RowArgs<Op> args, int64_t chunks, int64_t chunk_packs, const typename Op::Acc* partials_in) {
+  using Acc = typename Op::Acc;
+  __shared__ Acc partials[2][kWarpSize];
+  const Op op = args.op;
+  const int64_t n_packs = args.n / VEC;
+  const int64_t items = args.rows * chunks;
+  int parity = 0;
+  for (int64_t step = blockIdx.x; step < items; step += gridDim.x, parity ^= 1) {
+    // Backwards: the partials launch finished with the highest items, whose data is likeliest in L2.
+    const int64_t item = items - 1 - step;
+    const SplitChunk chunk = split_chunk(item, chunks, chunk_packs, n_packs);
+    // Every CTA of a row merges the same partials in the same order: identical row constants.
+    Acc acc = Op::identity();
+    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) acc = Op::merge(acc, partials_in[chunk.row * chunks + c]);
+    acc = block_all_reduce<Op>(acc, partials, parity);
+    const typename Op::In* in[Op::kStreams];
+    row_pointers(args, chunk.row, in);
+    write_packs<Op, VEC>(op, op.finalize(acc), in, args.out + chunk.row * args.n, chunk.begin, chunk.end, threadIdx.x,
+                         blockDim.x);
+  }
+}
+
+// Strided layout: CTA (outer index o, tile of blockDim.x inner columns); thread (x, y) owns column x and
+// the n-indices y, y + blockDim.y, ...:
+//
+//     element (o, j, i) lives at (o * n + j) * inner + i
+//     blockDim.x == inner (inner < 32): a warp covers 32 consecutive elements (several j, all i)
+//     blockDim.x == 32   (inner >= 32): a warp covers 32 consecutive i of one j
+//
+// The blockDim.y partial results per column are merged by a fixed tree in shared memory.
+constexpr int kStridedUnroll = 8;  // scalar loads in flight per thread and stream
+
+template <typename Op>
+__global__ void __launch_bounds__(kStreamingMaxThreads) softmax_strided_kernel(RowArgs<Op> args) {
+  using In = typename Op::In;
+  using C = typename Op::C;
+  using Acc = typename Op::Acc;
+  constexpr int S = Op::kStreams;
+  constexpr int U = kStridedUnroll;
+  __shared__ Acc tree[kStreamingMaxThreads];
+  const Op op = args.op;
+  const int64_t n = args.n;
+  const int64_t inner = args.inner;
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int bx = blockDim.x;
+  const int by = blockDim.y;  // a power of two
+  const int64_t tiles_per_outer = (inner + bx - 1) / bx;
+  const int64_t tiles = args.rows * tiles_per_outer;
+
+  for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int64_t outer = tile / tiles_per_outer;
+    const int64_t column = (tile % tiles_per_outer) * bx + tx;
+    const bool column_valid = column < inner;
+    const int64_t base = outer * n * inner + column;
+
+    Acc acc = Op::identity();
+    for (int64_t first = ty; first < n; first += static_cast<int64_t>(U) * by) {
+      C values[S][U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t j = first + static_cast<int64_t>(u) * by;
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          values[s][u] = column_valid && j < n ? convert<C>(args.in[s][base + j * inner]) : Op::pad(s);
+        }
+      }
+      acc = op.accumulate(acc, [&](auto&& fn) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          C v[S];
+#pragma unroll
+          for (int s = 0; s < S; ++s) v[s] = values[s][u];
+          fn(v);
+        }
+      });
+    }
+
+    tree[ty * bx + tx] = acc;
+    __syncthreads();
+    for (int half = by / 2; half > 0; half /= 2) {
+      if (ty < half) tree[ty * bx + tx] = Op::merge(tree[ty * bx + tx], tree[(ty + half) * bx + tx]);
+      __syncthreads();
+    }
+    const typename Op::Row row_consts = op.finalize(tree[tx]);
+    __syncthreads();  // tree is rewritten by the next tile
+
+    if (column_valid) {
+      for (int64_t first = ty; first < n; first += static_cast<int64_t>(U) * by) {
+        In raw[S][U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t j = first + static_cast<int64_t>(u) * by;
+          if (j < n) {
+#pragma unroll
+            for (int s = 0; s < S; ++s) raw[s][u] = args.in[s][base + j * inner];
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t j = first + static_cast<int64_t>(u) * by;
+          if (j < n) {
+            C v[S];
+#pragma unroll
+            for (int s = 0; s < S; ++s) v[s] = convert<C>(raw[s][u]);
+            args.out[base + j * inner] = op.apply(row_consts, v);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace softmax_ops::detail

@@ -1,0 +1,545 @@
+// Device building blocks of the fused_topk kernels: element loads, order-preserving keys, (key, index)
+// candidates, the online (max, sum) with its NaN/inf rules, and block-wide selection in shared memory
+// (warp-aggregated append, radix threshold, compaction, bitonic sort). CUDA headers only (no ATen).
+//
+// Ranking (a total order, so the k selected indices are always distinct and in range): NaN first (as in
+// torch.topk), then larger logit first, equal logits (-0 == +0) to the lower index. Selection is by logit:
+// softmax is monotone, so the k largest probabilities belong to the k best logits and only those k
+// probabilities are ever computed.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "softmax_ops/device_utils.cuh"
+
+namespace softmax_ops::topk {
+
+using detail::compute_t;
+using detail::kWarpSize;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+template <typename C>
+__device__ __forceinline__ C neg_inf() {
+  return -static_cast<C>(INFINITY);
+}
+template <typename C>
+__device__ __forceinline__ C quiet_nan() {
+  return static_cast<C>(NAN);
+}
+
+// ---- element loads and stores ---------------------------------------------------------------------
+
+// 16 bytes of T as compute-type values. `stream`: evict-first (data read once).
+template <typename T, bool kStream>
+__device__ __forceinline__ void load_vec16(const T* ptr, compute_t<T> (&out)[16 / sizeof(T)]) {
+  const uint4 raw = kStream ? __ldcs(reinterpret_cast<const uint4*>(ptr)) : *reinterpret_cast<const uint4*>(ptr);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __uint_as_float(w[i]);
+  } else if constexpr (std::is_same_v<T, double>) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) out[i] = __hiloint2double(static_cast<int>(w[2 * i + 1]), static_cast<int>(w[2 * i]));
+  } else if constexpr (std::is_same_v<T, __half>) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      out[i] = __half2float(__ushort_as_half(static_cast<unsigned short>(w[i / 2] >> (16 * (i % 2)))));
+    }
+  } else {
+    static_assert(std::is_same_v<T, __nv_bfloat16>, "unsupported element type");
+#pragma unroll
+    for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(i % 2 ? (w[i / 2] & 0xffff0000u) : (w[i / 2] << 16));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ compute_t<T> load_scalar(const T* ptr) {
+  return detail::convert<compute_t<T>>(*ptr);
+}
+
+// Bits of one T rounded from its compute type (round to nearest even).
+template <typename T>
+__device__ __forceinline__ uint32_t narrow_bits(float v) {
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half_as_ushort(__float2half_rn(v));
+  } else {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec16(T* ptr, const compute_t<T> (&v)[16 / sizeof(T)]) {
+  uint32_t w[4];
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = __float_as_uint(v[i]);
+  } else if constexpr (std::is_same_v<T, double>) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w[2 * i] = static_cast<uint32_t>(__double2loint(v[i]));
+      w[2 * i + 1] = static_cast<uint32_t>(__double2hiint(v[i]));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = narrow_bits<T>(v[2 * i]) | (narrow_bits<T>(v[2 * i + 1]) << 16);
+  }
+  *reinterpret_cast<uint4*>(ptr) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <typename T, typename C>
+__device__ __forceinline__ void store_scalar(T* ptr, C v) {
+  *ptr = detail::convert<T>(v);
+}
+
+// ---- order-preserving keys --------------------------------------------------------------------------
+
+// key(a) > key(b) iff a ranks before b by value: NaN (any payload) above +inf, -0 == +0. Key 0 is never
+// produced (it would be a negative NaN, which is canonicalised), so 0 serves as "no candidate".
+template <typename C>
+struct OrderKey;
+
+template <>
+struct OrderKey<float> {
+  using Key = uint32_t;
+  static __device__ __forceinline__ Key of(float v) {
+    uint32_t bits = __float_as_uint(v);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0xffffffffu;
+    if (bits == 0x80000000u) bits = 0u;
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  }
+  // Inverse of `of` (NaN keys give a NaN, -0 gives +0).
+  static __device__ __forceinline__ float value(Key key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  }
+  // The key as an int64 whose signed order is the key order (for the radix path's sort).
+  static __device__ __forceinline__ int64_t sortable(Key key) { return static_cast<int64_t>(key); }
+  static __device__ __forceinline__ Key from_sortable(int64_t s) { return static_cast<Key>(s); }
+};
+
+template <>
+struct OrderKey<double> {
+  using Key = unsigned long long;
+  static __device__ __forceinline__ Key of(double v) {
+    Key bits = static_cast<Key>(__double_as_longlong(v));
+    if ((bits & 0x7fffffffffffffffull) > 0x7ff0000000000000ull) return ~0ull;
+    if (bits == 0x8000000000000000ull) bits = 0ull;
+    return (bits & 0x8000000000000000ull) ? ~bits : (bits | 0x8000000000000000ull);
+  }
+  static __device__ __forceinline__ double value(Key key) {
+    const Key bits = (key & 0x8000000000000000ull) ? (key & 0x7fffffffffffffffull) : ~key;
+    return __longlong_as_double(static_cast<long long>(bits));
+  }
+  static __device__ __forceinline__ int64_t sortable(Key key) {
+    return static_cast<int64_t>(key ^ 0x8000000000000000ull);
+  }
+  static __device__ __forceinline__ Key from_sortable(int64_t s) {
+    return static_cast<Key>(s) ^ 0x8000000000000000ull;
+  }
+};
+
+// ---- candidates: (key, index) ordered by key, then by the LOWER index ------------------------------
+//
+// Interface (both types): make, key, index, none (ranks below every real candidate), better (strict),
+// at_least, shfl_xor, and the radix view: kDigits 8-bit digits, most significant first; a radix "prefix"
+// is a candidate value whose digits beyond `depth` are zero.
+
+// float compute: one 64-bit word, key in the high half, ~index in the low half: one unsigned compare.
+struct PackedCand {
+  using Type = unsigned long long;
+  using Key = uint32_t;
+  static constexpr int kDigits = 8;
+  static __device__ __forceinline__ Type make(Key key, uint32_t index) {
+    return (static_cast<Type>(key) << 32) | static_cast<Type>(~index);
+  }
+  static __device__ __forceinline__ Key key(Type c) { return static_cast<Key>(c >> 32); }
+  static __device__ __forceinline__ uint32_t index(Type c) { return ~static_cast<uint32_t>(c); }
+  static __device__ __forceinline__ Type none() { return 0ull; }
+  static __device__ __forceinline__ bool better(Type a, Type b) { return a > b; }
+  static __device__ __forceinline__ bool at_least(Type a, Type b) { return a >= b; }
+  static __device__ __forceinline__ Type shfl_xor(Type c, int lane_mask, int width) {
+    return __shfl_xor_sync(kFullMask, c, lane_mask, width);
+  }
+  static __device__ __forceinline__ int digit(Type c, int d) { return static_cast<int>((c >> (56 - 8 * d)) & 0xffu); }
+  static __device__ __forceinline__ bool prefix_matches(Type c, Type prefix, int depth) {
+    return depth == 0 || ((c ^ prefix) >> (64 - 8 * depth)) == 0;
+  }
+  static __device__ __forceinline__ Type with_digit(Type prefix, int d, int digit) {
+    return prefix | (static_cast<Type>(digit) << (56 - 8 * d));
+  }
+};
+
+// float64 compute: 64-bit key + ~index (12 digits).
+struct WideCand {
+  struct Type {
+    unsigned long long key;
+    uint32_t nidx;  // ~index
+  };
+  using Key = unsigned long long;
+  static constexpr int kDigits = 12;
+  static __device__ __forceinline__ Type make(Key key, uint32_t index) { return {key, ~index}; }
+  static __device__ __forceinline__ Key key(const Type& c) { return c.key; }
+  static __device__ __forceinline__ uint32_t index(const Type& c) { return ~c.nidx; }
+  static __device__ __forceinline__ Type none() { return {0ull, 0u}; }
+  static __device__ __forceinline__ bool better(const Type& a, const Type& b) {
+    return a.key > b.key || (a.key == b.key && a.nidx > b.nidx);
+  }
+  static __device__ __forceinline__ bool at_least(const Type& a, const Type& b) { return !better(b, a); }
+  static __device__ __forceinline__ Type shfl_xor(const Type& c, int lane_mask, int width) {
+    return {__shfl_xor_sync(kFullMask, c.key, lane_mask, width), __shfl_xor_sync(kFullMask, c.nidx, lane_mask, width)};
+  }
+  static __device__ __forceinline__ int digit(const Type& c, int d) {
+    return static_cast<int>(d < 8 ? (c.key >> (56 - 8 * d)) & 0xffu : (c.nidx >> (24 - 8 * (d - 8))) & 0xffu);
+  }
+  static __device__ __forceinline__ bool prefix_matches(const Type& c, const Type& prefix, int depth) {
+    if (depth == 0) return true;
+    if (depth <= 8) return ((c.key ^ prefix.key) >> (64 - 8 * depth)) == 0;
+    return c.key == prefix.key && ((c.nidx ^ prefix.nidx) >> (32 - 8 * (depth - 8))) == 0;
+  }
+  static __device__ __forceinline__ Type with_digit(Type prefix, int d, int digit) {
+    if (d < 8) {
+      prefix.key |= static_cast<unsigned long long>(digit) << (56 - 8 * d);
+    } else {
+      prefix.nidx |= static_cast<uint32_t>(digit) << (24 - 8 * (d - 8));
+    }
+    return prefix;
+  }
+};
+
+template <typename C>
+using CandFor = std::conditional_t<std::is_same_v<C, double>, WideCand, PackedCand>;
+
+// ---- exp and the online (max, sum) -------------------------------------------------------------------
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// exp(x - m) for the sums: the subtraction first (its rounding error scales with |x - m|, as in torch's
+// exp(x - max)), then one MUFU.EX2 (~2 ulp). Results below 2^-126 flush to 0.
+__device__ __forceinline__ float exp_shifted(float x, float m) { return ex2_approx((x - m) * kLog2e); }
+__device__ __forceinline__ double exp_shifted(double x, double m) { return exp(x - m); }
+
+// exp(x - m) for the k returned probabilities (and the backward's k fix-ups): libm accuracy.
+__device__ __forceinline__ float exp_precise(float x) { return expf(x); }
+__device__ __forceinline__ double exp_precise(double x) { return exp(x); }
+
+// Running max and sum of exp(x - max). max == -inf means every value seen was -inf or NaN; then the sum
+// holds 0, or NaN once a NaN was seen (NaN never becomes the max: fmax drops it, the sum keeps it).
+// Torch's special values follow: a NaN or +inf in the row makes the sum NaN; an all -inf row is NaN
+// (see probability_divisor); -inf entries contribute 0.
+template <typename C>
+struct RowStats {
+  C max;
+  C sum;
+};
+
+template <typename C>
+__device__ __forceinline__ RowStats<C> empty_stats() {
+  return {neg_inf<C>(), C(0)};
+}
+
+// Folds V values (pads are -inf) with one exp each: max of the group first, then the sum.
+template <typename C, int V>
+__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[V]) {
+  C group_max = x[0];
+#pragma unroll
+  for (int j = 1; j < V; ++j) group_max = fmax(group_max, x[j]);
+  if (group_max > s.max) {
+    if (s.max != neg_inf<C>()) s.sum *= exp_shifted(s.max, group_max);
+    s.max = group_max;
+  }
+  // While the max is -inf every value so far is -inf or NaN: exp(x - 0) gives 0 or NaN, never overflows.
+  const C shift = s.max == neg_inf<C>() ? C(0) : s.max;
+#pragma unroll
+  for (int j = 0; j < V; ++j) s.sum += exp_shifted(x[j], shift);
+}
+
+// The online-softmax merge; a side whose max is -inf keeps its 0 (or NaN) unscaled.
+template <typename C>
+__device__ __forceinline__ RowStats<C> merge_stats(const RowStats<C>& a, const RowStats<C>& b) {
+  const C m = fmax(a.max, b.max);
+  const C sa = a.max == neg_inf<C>() ? a.sum : a.sum * exp_shifted(a.max, m);
+  const C sb = b.max == neg_inf<C>() ? b.sum : b.sum * exp_shifted(b.max, m);
+  return {m, sa + sb};
+}
+
+// The divisor of the probabilities: the sum, or NaN for an all -inf row (torch: exp(-inf - -inf) = NaN).
+template <typename C>
+__device__ __forceinline__ C probability_divisor(const RowStats<C>& s) {
+  return s.max == neg_inf<C>() ? quiet_nan<C>() : s.sum;
+}
+
+template <typename C>
+__device__ __forceinline__ RowStats<C> shfl_xor_stats(const RowStats<C>& s, int lane_mask, int width) {
+  return {__shfl_xor_sync(kFullMask, s.max, lane_mask, width), __shfl_xor_sync(kFullMask, s.sum, lane_mask, width)};
+}
+
+// Block-wide merge in a fixed order (deterministic); every thread gets the result. scratch >= 32 entries.
+template <typename C>
+__device__ __forceinline__ RowStats<C> block_merge_stats(RowStats<C> s, RowStats<C>* scratch) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = (blockDim.x + kWarpSize - 1) / kWarpSize;
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) s = merge_stats(s, shfl_xor_stats(s, offset, kWarpSize));
+  if (lane == 0) scratch[warp] = s;
+  __syncthreads();
+  RowStats<C> r = scratch[0];
+  for (int w = 1; w < num_warps; ++w) r = merge_stats(r, scratch[w]);
+  __syncthreads();
+  return r;
+}
+
+// ---- block-wide selection in shared memory -------------------------------------------------------
+
+struct SelectScratch {
+  int hist[256];
+  int count;      // entries in the candidate buffer
+  int digit;      // radix step result, broadcast to the block
+  int remaining;
+  int done;
+};
+
+// Appends c at a slot of buf taken from *counter with one atomic per warp. Every lane of the warp calls it.
+template <typename Ops>
+__device__ __forceinline__ void warp_append(typename Ops::Type* buf, int* counter, bool take,
+                                            const typename Ops::Type& c) {
+  const unsigned mask = __ballot_sync(kFullMask, take);
+  if (mask == 0) return;
+  const int lane = threadIdx.x % kWarpSize;
+  const int leader = __ffs(mask) - 1;
+  int base = 0;
+  if (lane == leader) base = atomicAdd(counter, __popc(mask));
+  base = __shfl_sync(kFullMask, base, leader);
+  if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
+}
+
+struct DigitChoice {
+  int digit;      // the bucket holding the remaining-th best entry
+  int remaining;  // how many of that bucket's entries are still needed
+  bool done;      // the bucket holds exactly that many: every entry with the prefix is selected
+};
+
+// Called by all 32 lanes of one warp on a 256-bin histogram of the entries matching the current prefix:
+// scanning buckets from 255 down, finds the one where the count of better entries reaches `remaining`.
+// Lane l owns buckets 255 - 8l ... 248 - 8l. Every lane returns the same choice.
+__device__ __forceinline__ DigitChoice warp_choose_digit(const int* hist, int remaining) {
+  const int lane = threadIdx.x % kWarpSize;
+  int h[8];
+  int lane_total = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    h[j] = hist[255 - 8 * lane - j];
+    lane_total += h[j];
+  }
+  int inclusive = lane_total;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  int above = inclusive - lane_total;
+  int found = -1;
+  int found_remaining = 0;
+  bool found_done = false;
+  if (above < remaining && remaining <= inclusive) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if (found < 0 && above + h[j] >= remaining) {
+        found = 255 - 8 * lane - j;
+        found_remaining = remaining - above;
+        found_done = h[j] == found_remaining;
+      }
+      above += h[j];
+    }
+  }
+  const unsigned owner_mask = __ballot_sync(kFullMask, found >= 0);
+  // A histogram without `remaining` entries cannot happen (callers guarantee count >= k); lane 0 then
+  // answers bucket 0, which keeps the selection in range.
+  const int owner = owner_mask ? __ffs(owner_mask) - 1 : 0;
+  DigitChoice choice;
+  choice.digit = __shfl_sync(kFullMask, found < 0 ? 0 : found, owner);
+  choice.remaining = __shfl_sync(kFullMask, found < 0 ? remaining : found_remaining, owner);
+  choice.done = __shfl_sync(kFullMask, found_done ? 1 : 0, owner) != 0;
+  return choice;
+}
+
+// The k-th best entry of buf[0, count) as a radix prefix P (k <= count): with distinct entries exactly k of
+// them satisfy at_least(c, P). MSB-first 8-bit digits with a shared-memory histogram; stops at the first
+// digit whose bucket holds exactly the entries still needed. Duplicated entries (only "none" fillers) can
+// keep it from stopping early; it then returns the full k-th value. Every thread returns P.
+template <typename Ops>
+__device__ typename Ops::Type block_radix_threshold(const typename Ops::Type* buf, int count, int k,
+                                                    SelectScratch& s) {
+  using Cand = typename Ops::Type;
+  Cand prefix = Ops::none();
+  int remaining = k;
+  for (int d = 0; d < Ops::kDigits; ++d) {
+    for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < count; i += blockDim.x) {
+      const Cand c = buf[i];
+      if (Ops::prefix_matches(c, prefix, d)) atomicAdd(&s.hist[Ops::digit(c, d)], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x < kWarpSize) {
+      const DigitChoice choice = warp_choose_digit(s.hist, remaining);
+      if (threadIdx.x == 0) {
+        s.digit = choice.digit;
+        s.remaining = choice.remaining;
+        s.done = choice.done ? 1 : 0;
+      }
+    }
+    __syncthreads();
+    prefix = Ops::with_digit(prefix, d, s.digit);
+    remaining = s.remaining;
+    const bool done = s.done != 0;
+    // s.digit/remaining/done are rewritten only after two more barriers (next iteration), hist after one.
+    if (done) break;
+  }
+  __syncthreads();
+  return prefix;
+}
+
+// Keeps the entries of buf[0, count) that are at_least(P), packed at the front (order not preserved, but
+// every later use is order-independent). `count` must be what every thread read from s.count before this
+// call. Returns the new count (also in s.count); ends with a barrier.
+template <typename Ops>
+__device__ int block_compact(typename Ops::Type* buf, int count, const typename Ops::Type& threshold,
+                             SelectScratch& s) {
+  using Cand = typename Ops::Type;
+  __syncthreads();  // every thread has read s.count
+  if (threadIdx.x == 0) s.count = 0;
+  __syncthreads();
+  for (int base = 0; base < count; base += blockDim.x) {
+    const int i = base + threadIdx.x;
+    const bool valid = i < count;
+    const Cand c = valid ? buf[i] : Ops::none();
+    // Writes land below base + blockDim.x: every entry there has been read (this barrier), and later
+    // chunks are not written by this one.
+    __syncthreads();
+    warp_append<Ops>(buf, &s.count, valid && Ops::at_least(c, threshold), c);
+  }
+  __syncthreads();
+  const int kept = s.count;
+  __syncthreads();  // every thread has read s.count before anyone appends again
+  return kept;
+}
+
+// Sorts buf[0, n2) best first; n2 a power of two, entries past the real ones must be Ops::none().
+// Starts and ends with a barrier.
+template <typename Ops>
+__device__ void block_bitonic_sort_desc(typename Ops::Type* buf, int n2) {
+  using Cand = typename Ops::Type;
+  __syncthreads();
+  for (int size = 2; size <= n2; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
+        const int lo = 2 * i - (i & (stride - 1));
+        const int hi = lo + stride;
+        const bool descending = (lo & size) == 0;  // the last merge (size == n2) is descending everywhere
+        const Cand a = buf[lo];
+        const Cand b = buf[hi];
+        if (descending ? Ops::better(b, a) : Ops::better(a, b)) {
+          buf[lo] = b;
+          buf[hi] = a;
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+__device__ __forceinline__ int next_pow2_device(int v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// Sorts the count (>= k) candidates of buf (capacity >= next_pow2(count)) and writes the k best as
+// probabilities exp(x - max) / sum (renormalised: divided by their fp32/fp64 sum, rounded once) and indices.
+template <typename Ops, typename C, typename TOut>
+__device__ void write_sorted_topk(typename Ops::Type* buf, int count, int k, const RowStats<C>& stats,
+                                  bool renormalize, TOut* values, int64_t* indices, C* reduce_scratch) {
+  const int n2 = next_pow2_device(count);
+  for (int i = count + threadIdx.x; i < n2; i += blockDim.x) buf[i] = Ops::none();
+  block_bitonic_sort_desc<Ops>(buf, n2);
+  const C divisor = probability_divisor(stats);
+  C total = C(1);
+  if (renormalize) {
+    C local = C(0);
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+      local += exp_precise(OrderKey<C>::value(Ops::key(buf[r])) - stats.max) / divisor;
+    }
+    total = detail::block_all_reduce(local, reduce_scratch, [](C a, C b) { return a + b; });
+  }
+  for (int r = threadIdx.x; r < k; r += blockDim.x) {
+    const typename Ops::Type c = buf[r];
+    const C p = exp_precise(OrderKey<C>::value(Ops::key(c)) - stats.max) / divisor;
+    values[r] = detail::convert<TOut>(renormalize ? p / total : p);
+    indices[r] = static_cast<int64_t>(Ops::index(c));
+  }
+}
+
+}  // namespace softmax_ops::topk
+
+// ---- host-side template dispatch (used by the .cu launch functions) ------------------------------------
+
+namespace softmax_ops::topk {
+
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+// Calls f(TypeTag<T>{}) with the element type of t.
+template <typename F>
+cudaError_t dispatch_dtype(DType t, F&& f) {
+  switch (t) {
+    case DType::kFloat32:
+      return f(TypeTag<float>{});
+    case DType::kFloat16:
+      return f(TypeTag<__half>{});
+    case DType::kBFloat16:
+      return f(TypeTag<__nv_bfloat16>{});
+    case DType::kFloat64:
+      return f(TypeTag<double>{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Calls f(TypeTag<In>{}, TypeTag<Out>{}) for the pairs the forward kernels are built for: the same dtype
+// twice, or float16/bfloat16 read directly into float32 results (softmax's dtype=torch.float32).
+template <typename F>
+cudaError_t dispatch_in_out(DType in, DType out, F&& f) {
+  if (in == out) return dispatch_dtype(in, [&](auto tag) { return f(tag, tag); });
+  if (out == DType::kFloat32 && in == DType::kFloat16) return f(TypeTag<__half>{}, TypeTag<float>{});
+  if (out == DType::kFloat32 && in == DType::kBFloat16) return f(TypeTag<__nv_bfloat16>{}, TypeTag<float>{});
+  return cudaErrorInvalidValue;
+}
+
+// Calls f(std::integral_constant<int, V>{}) for the V of Vs equal to value (cudaErrorInvalidValue if none).
+template <int... Vs, typename F>
+cudaError_t dispatch_int(int value, F&& f) {
+  cudaError_t result = cudaErrorInvalidValue;
+  static_cast<void>(((value == Vs ? (result = f(std::integral_constant<int, Vs>{}), true) : false) || ...));
+  return result;
+}
+
+// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel and size).
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+}
+
+}  // namespace softmax_ops::topk

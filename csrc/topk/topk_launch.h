@@ -1,0 +1,189 @@
+// The boundary between the fused_topk host launcher (topk_cuda.cpp, g++) and the kernel files (*.cu, nvcc):
+// plain structs, the sizes both sides must agree on, and launch functions taking raw pointers, sizes, DType
+// tags and a stream. No ATen here.
+//
+// Kernel menu (DESIGN.md §4, "fused_topk has its own menu"):
+//   warp      one warp or sub-warp (1-32 lanes) per row, the row in registers: router rows, N <= 1024.
+//   block     one CTA per row: online (max, sum) and a threshold-filtered candidate buffer in shared memory,
+//             block radix select to compact it, bitonic sort of the final k.
+//   split_row several CTAs per row each produce (max, sum) and their chunk's top-k into a workspace; a second
+//             small kernel merges them in a fixed order (few rows x huge N).
+//   radix     any k <= N: radix select over order-preserving integer keys (8-bit digits, one launch per digit,
+//             global histogram), gather of the k selected, sort, then a finalize kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "softmax_ops/device_utils.cuh"  // DType (the device helpers are hidden from host compilers)
+
+namespace softmax_ops::topk {
+
+enum class TopkKernel : int { kWarp = 0, kBlock, kSplitRow, kRadix };
+constexpr int kNumTopkKernels = 4;
+enum class TopkBackwardKernel : int { kBlock = 0, kSplit };
+constexpr int kNumTopkBackwardKernels = 2;
+
+// ---- sizes shared by the kernels and the dispatcher -------------------------------------------------
+
+inline int dtype_bytes(DType t) {
+  return t == DType::kFloat64 ? 8 : (t == DType::kFloat32 ? 4 : 2);
+}
+// Elements per 16-byte vector access.
+inline int vec_elems(DType t) { return 16 / dtype_bytes(t); }
+
+inline int64_t next_pow2(int64_t v) {
+  int64_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+// warp: 128-thread CTAs; each lane holds up to kWarpSlots values of its row in registers (16 for float64,
+// whose values and keys take two registers each), so a row of lanes_per_row lanes holds
+// lanes_per_row * slots values.
+constexpr int kWarpKernelThreads = 128;
+inline int warp_slots_per_lane(DType in) { return in == DType::kFloat64 ? 16 : 32; }
+inline int64_t warp_max_n(DType in) { return 32 * static_cast<int64_t>(warp_slots_per_lane(in)); }
+// Shared memory of the warp kernel: per row, the k results (compute-type probability + int32 index).
+// k <= N <= lanes * slots bounds it by 128 * slots entries: <= 48 KB, no opt-in needed.
+inline size_t warp_smem_bytes(DType in, int lanes_per_row, int64_t k) {
+  const size_t entry = (in == DType::kFloat64 ? 8 : 4) + 4;
+  return static_cast<size_t>(kWarpKernelThreads / lanes_per_row) * static_cast<size_t>(k) * entry;
+}
+
+// block / split_row: 256-thread CTAs reading tiles of 4096 elements (16 B per thread per unrolled step).
+constexpr int kBlockThreads = 256;
+constexpr int kTileElems = 4096;
+// Candidates the merge kernel streams per step (8 per thread).
+constexpr int kMergeChunk = kBlockThreads * 8;
+// Free slots kept beyond k + one tile, so that a compaction runs only after this many insertions.
+constexpr int kCandidateSlack = 2048;
+// Static shared memory of the block-family kernels (select scratch + reduction scratch), upper bound.
+constexpr size_t kBlockStaticSmem = 2048;
+
+// Bytes of one candidate: a 64-bit (key, ~index) word, or 16 bytes for float64's 64-bit keys.
+inline size_t candidate_bytes(DType in) { return in == DType::kFloat64 ? 16 : 8; }
+// Candidate buffer entries: room for k + one tile (+ slack) between compactions, and a power of two >= k
+// for the final bitonic sort.
+inline int64_t candidate_capacity(int64_t k) {
+  return std::max<int64_t>(next_pow2(k), k + kTileElems + kCandidateSlack);
+}
+inline size_t block_dynamic_smem_bytes(DType in, int64_t k) {
+  return static_cast<size_t>(candidate_capacity(k)) * candidate_bytes(in);
+}
+
+// split_row: chunk length (a multiple of the tile) and the number of chunks actually launched.
+inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
+  const int64_t want = (n + splits - 1) / splits;
+  return std::max<int64_t>(kTileElems, (want + kTileElems - 1) / kTileElems * kTileElems);
+}
+inline int64_t split_count(int64_t n, int64_t splits) {
+  const int64_t chunk = split_chunk_elems(n, splits);
+  return (n + chunk - 1) / chunk;
+}
+// Per (row, chunk): k candidates + the chunk's (max, sum) as two compute-type values.
+inline size_t split_workspace_bytes(DType in, int64_t rows, int64_t n, int64_t k, int64_t splits) {
+  const size_t chunks = static_cast<size_t>(rows) * static_cast<size_t>(split_count(n, splits));
+  return chunks * (static_cast<size_t>(k) * candidate_bytes(in) + 16);
+}
+
+// radix: per row a 64-byte state and a 256-bin int32 histogram; per (row, chunk) a partial (max, sum).
+constexpr int kRadixThreads = 256;
+constexpr size_t kRadixStateBytes = 64;
+inline int64_t radix_chunk_elems(int64_t n, int64_t splits) { return (n + splits - 1) / splits; }
+inline int64_t radix_count(int64_t n, int64_t splits) {
+  const int64_t chunk = radix_chunk_elems(n, splits);
+  return (n + chunk - 1) / chunk;
+}
+inline size_t radix_workspace_bytes(int64_t rows, int64_t n, int64_t splits) {
+  return static_cast<size_t>(rows) * (kRadixStateBytes + 256 * 4 + 16 * static_cast<size_t>(radix_count(n, splits)));
+}
+
+// backward: CTAs of `threads`; split: chunks of a multiple of 16 elements, partial (max, sum) per chunk.
+inline int64_t backward_chunk_elems(int64_t n, int64_t splits) {
+  const int64_t want = (n + splits - 1) / splits;
+  return (want + 15) / 16 * 16;
+}
+inline int64_t backward_split_count(int64_t n, int64_t splits) {
+  const int64_t chunk = backward_chunk_elems(n, splits);
+  return (n + chunk - 1) / chunk;
+}
+
+// ---- problems and plans -------------------------------------------------------------------------------
+
+// Forward: rows of n contiguous elements of in_dtype (the reduced dim last); values [rows, k] in out_dtype,
+// indices [rows, k] int64. in_dtype == out_dtype, or float16/bfloat16 read directly into float32 results.
+struct TopkProblem {
+  DType in_dtype = DType::kFloat32;
+  DType out_dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool renormalize = false;
+};
+
+struct TopkPlan {
+  TopkKernel kernel = TopkKernel::kBlock;
+  int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two)
+  int64_t splits = 1;           // split_row / radix: chunks per row (before rounding, see *_count)
+  bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
+  size_t smem_bytes = 0;        // dynamic shared memory per CTA
+  size_t workspace_bytes = 0;   // split_row / radix: bytes the caller allocates
+};
+
+struct TopkPointers {
+  const void* x = nullptr;
+  void* values = nullptr;
+  int64_t* indices = nullptr;
+  void* workspace = nullptr;
+};
+
+// Backward: x [rows, n] and dx [rows, n] in dtype (what the forward kernel read); grad and values [rows, k]
+// in the compute type (float32, or float64 when dtype is float64); indices [rows, k] int64.
+struct TopkBackwardProblem {
+  DType dtype = DType::kFloat32;
+  int64_t rows = 0;
+  int64_t n = 0;
+  int64_t k = 0;
+  bool renormalize = false;
+};
+
+struct TopkBackwardPlan {
+  TopkBackwardKernel kernel = TopkBackwardKernel::kBlock;
+  int threads = 256;
+  int64_t splits = 1;
+  bool vector_loads = false;
+  size_t workspace_bytes = 0;   // split: partial (max, sum) per chunk
+};
+
+struct TopkBackwardPointers {
+  const void* x = nullptr;
+  const void* grad = nullptr;
+  const void* values = nullptr;
+  const int64_t* indices = nullptr;
+  void* dx = nullptr;
+  void* workspace = nullptr;
+};
+
+// Each returns the first CUDA error of its launches (cudaSuccess when all launched).
+cudaError_t launch_topk_warp(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                             cudaStream_t stream);
+// block and split_row (plan.kernel says which).
+cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                              cudaStream_t stream);
+// radix, first half: select the k best of every row into sel_key (int64 keys whose signed order is the
+// ranking order) and sel_idx, both [rows, k], in no particular order. The caller sorts them (key
+// descending, ties by index ascending) and calls the second half with the sorted arrays.
+cudaError_t launch_topk_radix_select(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                                     int64_t* sel_key, int64_t* sel_idx, cudaStream_t stream);
+cudaError_t launch_topk_radix_finalize(const TopkProblem& problem, const TopkPlan& plan,
+                                       const TopkPointers& ptrs, const int64_t* sorted_key,
+                                       const int64_t* sorted_idx, cudaStream_t stream);
+
+cudaError_t launch_topk_backward(const TopkBackwardProblem& problem, const TopkBackwardPlan& plan,
+                                 const TopkBackwardPointers& ptrs, cudaStream_t stream);
+
+}  // namespace softmax_ops::topk

@@ -1,0 +1,550 @@
+"""The CUDA softmax menu, kernel by kernel: every kernel forced with softmax_ops.force_kernel on every dtype
+pair, at and around each of its size boundaries, plus layouts (non-contiguous, unaligned, dim != -1), special
+values, backward, determinism, CUDA graph capture, forced kernels on shapes they cannot run, and opcheck.
+
+Expected values come from float64 torch on the CPU; the accuracy bound is conftest's (2x torch's own error).
+The size boundaries below mirror the launch limits in csrc/softmax/softmax_launch.h and the dispatcher's
+budgets in csrc/softmax/softmax_dispatch.cpp; change them together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+import torch
+from conftest import HAS_CUDA, assert_within_2x_torch
+
+import softmax_ops
+
+pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+
+FORWARD_FAMILY = "softmax"
+BACKWARD_FAMILY = "softmax_backward"
+ROW_KERNELS = ["warp", "block_onepass", "cluster_onepass", "two_pass", "split_row"]  # reduced dim last
+ALL_KERNELS = [*ROW_KERNELS, "strided"]
+
+# (input dtype, dtype= argument): every (read, write) pair the forward kernels are compiled for.
+FORWARD_DTYPES = [
+    (torch.float32, None),
+    (torch.float16, None),
+    (torch.bfloat16, None),
+    (torch.float64, None),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+]
+FORWARD_DTYPE_IDS = ["f32", "f16", "bf16", "f64", "f16->f32", "bf16->f32"]
+
+# (input dtype of the forward, dtype= of the forward): the backward then reads the output's dtype and
+# writes the input's: same dtype, float32 -> float16/bfloat16 (direct), and float16 -> float32 (cast after).
+BACKWARD_DTYPES = [
+    (torch.float32, None),
+    (torch.float16, None),
+    (torch.bfloat16, None),
+    (torch.float64, None),
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float16),
+]
+BACKWARD_DTYPE_IDS = ["f32", "f16", "bf16", "f64", "f32out->f16", "f32out->bf16", "f16out->f32"]
+
+OPS = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}
+
+# Launch limits (softmax_launch.h) and budgets (softmax_dispatch.cpp) the size boundaries derive from.
+WARP_LANES = 32
+WARP_MAX_PACKS = 8
+BLOCK_MAX_THREADS = 1024
+SMEM_RESERVE = 2048
+
+
+def vec16(dtype: torch.dtype) -> int:
+    """Elements per 16-byte vector access."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
+    """Mirror of max_block_reg_packs in softmax_launch.h."""
+    streams = 2 if backward else 1
+    if dtype == torch.float64:
+        return 1
+    if dtype in (torch.float16, torch.bfloat16):
+        return 4 // streams
+    return 8 // streams
+
+
+def smem_optin() -> int:
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+
+
+def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool) -> int:
+    """Packs of one row that the block kernel can cache (1024 threads, registers + all shared memory)."""
+    streams = 2 if backward else 1
+    pack_bytes = vec * torch.empty((), dtype=dtype).element_size()
+    smem_packs = (smem_optin() - SMEM_RESERVE) // (BLOCK_MAX_THREADS * pack_bytes * streams)
+    return BLOCK_MAX_THREADS * (max_block_reg_packs(dtype, backward) + smem_packs)
+
+
+def row_vec(n: int, dtype: torch.dtype) -> int:
+    """Vector width the dispatcher uses for a fresh contiguous row of length n."""
+    return vec16(dtype) if n % vec16(dtype) == 0 else 1
+
+
+def kernel_handles(kernel: str, n: int, dtype: torch.dtype, backward: bool = False) -> bool:
+    """Whether a forced kernel can run rows of length n (reduced dim last), per the dispatcher's rules."""
+    vec = row_vec(n, dtype)
+    packs = -(-n // vec)
+    if kernel == "warp":
+        return packs <= WARP_LANES * WARP_MAX_PACKS
+    if kernel == "block_onepass":
+        return packs <= block_capacity_packs(dtype, vec, backward)
+    if kernel == "cluster_onepass":
+        return (
+            -(-packs // 16) <= block_capacity_packs(dtype, vec, backward) // 2
+        )  # comfortably inside 16 CTAs
+    return True
+
+
+def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> list[int]:
+    """Row lengths at and around the kernel's limits: vector width, lane / pack / thread buckets, the
+    register-to-shared-memory switch, the on-chip capacity, chunking, and odd sizes (scalar path)."""
+    v = vec16(dtype)
+    sizes = {1, 2, 3, 31, 32, 33, v - 1, v, v + 1, 1000}
+    if kernel == "warp":
+        sizes |= {8 * v, 32 * v - 1, 32 * v, 33 * v, 64 * v, 129 * v, 255, 256, 256 * v - v, 256 * v}
+    elif kernel == "block_onepass":
+        regs = BLOCK_MAX_THREADS * max_block_reg_packs(dtype, backward)
+        cap = block_capacity_packs(dtype, v, backward)
+        cap_scalar = block_capacity_packs(dtype, 1, backward)
+        sizes |= {256 * v, 257 * v, 4099, regs * v, regs * v + v, cap * v - v, cap * v, cap_scalar - 1}
+    elif kernel == "cluster_onepass":
+        sizes |= {16 * v - 1, 16 * v + 1, 4096 + v, 100003, 262144, 300007}
+    elif kernel == "two_pass":
+        sizes |= {2048 * v - v, 2048 * v, 2048 * v + v, 100003, 1 << 20}
+    elif kernel == "split_row":
+        sizes |= {65537, 100003, 1 << 20, (1 << 20) + 1}
+    return sorted(s for s in sizes if s >= 1 and kernel_handles(kernel, s, dtype, backward))
+
+
+def rows_for(n: int) -> int:
+    """Several row groups for short rows (odd count: partial warps/CTAs), a few rows for long ones."""
+    return 37 if n <= 4096 else 3
+
+
+def make_input(shape, dtype, seed=0, scale=3.0, device="cuda"):
+    generator = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype).to(device)
+
+
+def reference(op: str, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
+    """float64 CPU reference of op(x, dim, dtype=dtype): torch casts to dtype first, so do we."""
+    cast = x.to(dtype) if dtype is not None else x
+    return OPS[op](cast.double().cpu(), dim)
+
+
+def check_forward(op: str, x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    ours = getattr(softmax_ops, op)(x, dim, dtype=dtype)
+    expected_dtype = dtype or x.dtype
+    assert ours.dtype == expected_dtype and ours.shape == x.shape and ours.is_contiguous()
+    assert_within_2x_torch(ours, OPS[op](x, dim, dtype=dtype), reference(op, x, dim, dtype))
+    return ours
+
+
+# ------------------------------------------------------------------------------------ forward, per kernel
+
+
+def forward_cases():
+    for kernel in ROW_KERNELS:
+        for (in_dtype, out_dtype), dtype_id in zip(FORWARD_DTYPES, FORWARD_DTYPE_IDS):
+            for n in boundary_sizes(kernel, in_dtype):
+                yield pytest.param(kernel, in_dtype, out_dtype, n, id=f"{kernel}-{dtype_id}-n{n}")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel,in_dtype,out_dtype,n", list(forward_cases()))
+def test_forced_kernel_forward(kernel, in_dtype, out_dtype, n, op):
+    x = make_input((rows_for(n), n), in_dtype, seed=n)
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+        check_forward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel", ALL_KERNELS)
+@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
+def test_forced_kernel_layouts(kernel, in_dtype, out_dtype, op):
+    """Non-contiguous (x[:, 1:] of a wider tensor), contiguous but unaligned (storage offset 1: the
+    narrow path), and a transposed view; for 'strided' also the layouts it is made for."""
+    n = 1000 if kernel != "warp" else 200
+    wide = make_input((5, n + 1), in_dtype, seed=1)
+    flat = make_input((5 * n + 1,), in_dtype, seed=2)
+    unaligned = flat[1:].view(5, n)
+    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16 != 0
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+        for x in (wide[:, 1:], unaligned, make_input((n, 5), in_dtype, seed=3).t()):
+            check_forward(op, x, -1, out_dtype)
+
+
+# (shape, dim) for the strided kernel: inner sizes below, at and above one warp, odd ones, n of 1.
+STRIDED_CASES = [
+    ((4, 17, 2), 1),
+    ((3, 100, 3), 1),
+    ((2, 33, 31), 1),
+    ((2, 64, 32), 1),
+    ((3, 7, 33), 1),
+    ((5, 1, 100), 1),
+    ((1000, 5), 0),
+    ((3, 1000, 64), 1),
+    ((2, 3, 5, 7), 1),
+    ((2, 3, 5, 7), 0),
+    ((6, 4099), 0),
+    ((7, 9), 1),  # inner == 1: the strided kernel also runs plain rows when forced
+]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("forced", [None, "strided"])
+@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
+@pytest.mark.parametrize("shape,dim", STRIDED_CASES)
+def test_strided_layout(shape, dim, in_dtype, out_dtype, forced, op):
+    x = make_input(shape, in_dtype, seed=len(shape) + dim)
+    if forced is None:
+        check_forward(op, x, dim, out_dtype)
+        return
+    with softmax_ops.force_kernel(FORWARD_FAMILY, forced):
+        check_forward(op, x, dim, out_dtype)
+
+
+SPECIAL_N = {
+    "warp": 100,
+    "block_onepass": 1000,
+    "cluster_onepass": 100003,
+    "two_pass": 5000,
+    "split_row": 100003,
+    "strided": 50,
+}
+
+
+def special_rows(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """Rows with NaN, +inf, all -inf, some -inf, a single finite value, and huge magnitudes, with the
+    special entries near the end of the row (the last chunk of split kernels)."""
+    inf, nan = float("inf"), float("nan")
+    rows = make_input((7, n), torch.float64, seed=7)
+    rows[0, -1] = nan
+    rows[1, n // 2] = inf
+    rows[2, :] = -inf
+    rows[3, ::3] = -inf
+    rows[4, :] = -inf
+    rows[4, -1] = 1.0
+    rows[5, -1] = 60000.0
+    rows[5, 0] = -60000.0
+    rows[6, :] = 0.0
+    return rows.to(dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel", ALL_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_forced_kernel_special_values(kernel, dtype, op):
+    n = SPECIAL_N[kernel]
+    x = special_rows(n, dtype).cuda()
+    dim = -1
+    if kernel == "strided":
+        x = x.t().contiguous()  # reduce over dim 0 of [n, 7]: inner 7
+        dim = 0
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+        out = check_forward(op, x, dim)
+    rows = out if dim == -1 else out.t()
+    minus_inf = (x if dim == -1 else x.t()) == float("-inf")
+    if op == "softmax":
+        assert torch.all(rows[3][minus_inf[3]] == 0)  # -inf entries give exactly 0
+        assert rows[4, -1].item() == 1.0 and torch.all(rows[4, :-1] == 0)
+    else:
+        assert torch.all(rows[3][minus_inf[3]] == float("-inf"))
+        assert rows[4, -1].item() == 0.0
+    assert torch.isnan(rows[2]).all()  # all -inf row: NaN, as torch
+
+
+# ------------------------------------------------------------------------------------ backward, per kernel
+
+
+def backward_reference(op: str, x: torch.Tensor, grad: torch.Tensor, dim: int, dtype) -> torch.Tensor:
+    """float64 gradient of op(x.to(dtype)) w.r.t. x for the incoming grad, by the textbook formulas."""
+    x64 = (x.to(dtype) if dtype is not None else x).double().cpu()
+    g64 = grad.double().cpu()
+    if op == "softmax":
+        y64 = torch.softmax(x64, dim)
+        return y64 * (g64 - (g64 * y64).sum(dim, keepdim=True))
+    return g64 - torch.softmax(x64, dim) * g64.sum(dim, keepdim=True)
+
+
+def check_backward(op: str, x: torch.Tensor, dim: int, dtype) -> None:
+    """Our backward op on torch's forward output vs torch's own backward, both vs the float64 gradient."""
+    y = OPS[op](x, dim, dtype=dtype)
+    grad = make_input(y.shape, y.dtype, seed=11, scale=1.0)
+    backward_op = {
+        "softmax": torch.ops.softmax_ops.softmax_backward,
+        "log_softmax": torch.ops.softmax_ops.log_softmax_backward,
+    }[op]
+    torch_backward = {
+        "softmax": torch._softmax_backward_data,
+        "log_softmax": torch._log_softmax_backward_data,
+    }[op]
+    ours = backward_op(grad, y, dim, x.dtype)
+    assert ours.dtype == x.dtype and ours.shape == x.shape
+    # torch's own path: its backward kernel takes (float32 output, half input) or equal dtypes; any other
+    # pair is a cast in the forward, whose backward casts the gradient after the softmax backward.
+    half_to_float = y.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)
+    if y.dtype == x.dtype or half_to_float:
+        torch_own = torch_backward(grad, y, dim, x.dtype)
+    else:
+        torch_own = torch_backward(grad, y, dim, y.dtype).to(x.dtype)
+    assert_within_2x_torch(ours, torch_own, backward_reference(op, x, grad, dim, dtype))
+
+
+def backward_cases():
+    for kernel in ROW_KERNELS:
+        for (in_dtype, out_dtype), dtype_id in zip(BACKWARD_DTYPES, BACKWARD_DTYPE_IDS):
+            read_dtype = out_dtype or in_dtype  # the backward reads the forward output's dtype
+            for n in boundary_sizes(kernel, read_dtype, backward=True):
+                yield pytest.param(kernel, in_dtype, out_dtype, n, id=f"{kernel}-{dtype_id}-n{n}")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel,in_dtype,out_dtype,n", list(backward_cases()))
+def test_forced_kernel_backward(kernel, in_dtype, out_dtype, n, op):
+    x = make_input((rows_for(n), n), in_dtype, seed=n + 1)
+    with softmax_ops.force_kernel(BACKWARD_FAMILY, kernel):
+        check_backward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("forced", [None, "strided"])
+@pytest.mark.parametrize("shape,dim", STRIDED_CASES)
+def test_strided_backward(shape, dim, forced, op):
+    x = make_input(shape, torch.float32, seed=5)
+    if forced is None:
+        check_backward(op, x, dim, None)
+        return
+    with softmax_ops.force_kernel(BACKWARD_FAMILY, forced):
+        check_backward(op, x, dim, None)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_autograd_end_to_end(dtype, op):
+    """The public op under autograd agrees with torch autograd (auto-chosen kernels, several regimes)."""
+    for shape in [(64, 100), (16, 3000), (3, 300000), (5, 6, 7)]:
+        x = make_input(shape, dtype, seed=3)
+        grad = make_input(shape, dtype, seed=4, scale=1.0)
+        ours_x = x.clone().requires_grad_(True)
+        torch_x = x.clone().requires_grad_(True)
+        getattr(softmax_ops, op)(ours_x, 1).backward(grad)
+        OPS[op](torch_x, 1).backward(grad)
+        ref_x = x.double().cpu().requires_grad_(True)
+        OPS[op](ref_x, 1).backward(grad.double().cpu())
+        assert_within_2x_torch(ours_x.grad, torch_x.grad, ref_x.grad)
+
+
+# ------------------------------------------------------------------------------------ grid-stride loops
+
+# Enough rows that the grid is capped (8 waves of resident CTAs) and CTAs loop over several rows.
+GRID_STRIDE_CASES = [
+    ("warp", (2_100_003, 2)),
+    ("block_onepass", (200_003, 8)),
+    ("two_pass", (200_003, 8)),
+    ("split_row", (200_003, 64)),
+    ("strided", (400_003, 3, 2)),
+]
+
+
+@pytest.mark.parametrize("kernel,shape", GRID_STRIDE_CASES)
+def test_forced_kernel_grid_stride(kernel, shape):
+    x = make_input(shape, torch.float32, seed=9)
+    dim = 1
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+        check_forward("softmax", x, dim)
+    with softmax_ops.force_kernel(BACKWARD_FAMILY, kernel):
+        check_backward("softmax", x, dim, None)
+
+
+# ------------------------------------------------------------------------------------ dispatcher contract
+
+
+def test_kernel_menu_is_registered():
+    for family in (FORWARD_FAMILY, BACKWARD_FAMILY):
+        assert softmax_ops.list_kernels(family) == ALL_KERNELS
+
+
+@pytest.mark.parametrize("kernel", ROW_KERNELS)
+def test_forced_row_kernel_refuses_strided_layout(kernel):
+    x = make_input((4, 8, 3), torch.float32)
+    for family, call in [
+        (FORWARD_FAMILY, lambda: softmax_ops.softmax(x, 1)),
+        (BACKWARD_FAMILY, lambda: torch.ops.softmax_ops.softmax_backward(x, x, 1, x.dtype)),
+    ]:
+        with softmax_ops.force_kernel(family, kernel), pytest.raises(RuntimeError, match="strided"):
+            call()
+
+
+@pytest.mark.parametrize("kernel", ["warp", "block_onepass", "cluster_onepass"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_forced_kernel_refuses_rows_beyond_its_capacity(kernel, dtype):
+    v = vec16(dtype)
+    too_long = {
+        "warp": WARP_LANES * WARP_MAX_PACKS * v + v,
+        "block_onepass": block_capacity_packs(dtype, v, False) * v + v,
+        "cluster_onepass": 16 * block_capacity_packs(dtype, v, False) * v + 16 * v,
+    }[kernel]
+    assert not kernel_handles(kernel, too_long, dtype)
+    x = make_input((1, too_long), dtype)
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel), pytest.raises(RuntimeError, match="cannot run"):
+        softmax_ops.softmax(x, -1)
+
+
+@pytest.mark.parametrize(
+    "shape,dtype,op,kernel",
+    [
+        ((16384, 128), torch.float32, "softmax", "warp"),
+        ((65536, 64), torch.float16, "softmax", "warp"),
+        ((4096, 4096), torch.float16, "softmax", "block_onepass"),
+        ((2048, 8192), torch.float32, "log_softmax", "block_onepass"),
+        ((4, 262144), torch.float16, "softmax", "cluster_onepass"),
+        ((4, 33554432), torch.float32, "softmax", "split_row"),
+        ((32, 16, 4096), torch.float32, "softmax", "strided"),
+        ((2048, 4096), torch.bfloat16, "softmax_backward", "block_onepass"),
+    ],
+)
+def test_explain_names_the_chosen_kernel(shape, dtype, op, kernel):
+    dim = 1 if len(shape) == 3 else -1
+    text = softmax_ops.explain(shape, dtype, op=op, dim=dim)
+    assert f"kernel {kernel}:" in text, text
+    assert "why:" in text
+
+
+def test_explain_reports_forced_kernel_and_its_limits():
+    with softmax_ops.force_kernel(FORWARD_FAMILY, "two_pass"):
+        assert "kernel two_pass:" in softmax_ops.explain((64, 1000), torch.float32)
+    with softmax_ops.force_kernel(FORWARD_FAMILY, "warp"):
+        assert "cannot run" in softmax_ops.explain((4, 1 << 20), torch.float32)
+
+
+# ------------------------------------------------------------------------------------ determinism, graphs
+
+DETERMINISM_CASES = [
+    ("warp", (1000, 1000)),
+    ("block_onepass", (64, 30000)),
+    ("cluster_onepass", (3, 100003)),
+    ("two_pass", (8, 200000)),
+    ("split_row", (3, 1 << 21)),
+    ("strided", (64, 512, 33)),
+]
+
+
+@pytest.mark.parametrize("kernel,shape", DETERMINISM_CASES)
+def test_bitwise_deterministic(kernel, shape):
+    x = make_input(shape, torch.float32, seed=13)
+    grad = make_input(shape, torch.float32, seed=14, scale=1.0)
+    dim = 1
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel), softmax_ops.force_kernel(BACKWARD_FAMILY, kernel):
+        first = softmax_ops.softmax(x, dim)
+        first_log = softmax_ops.log_softmax(x, dim)
+        first_grad = torch.ops.softmax_ops.softmax_backward(grad, first, dim, x.dtype)
+        for _ in range(3):
+            assert torch.equal(softmax_ops.softmax(x, dim), first)
+            assert torch.equal(softmax_ops.log_softmax(x, dim), first_log)
+            assert torch.equal(torch.ops.softmax_ops.softmax_backward(grad, first, dim, x.dtype), first_grad)
+
+
+@pytest.mark.parametrize(
+    "kernel,shape",
+    [
+        (None, (512, 1000)),
+        ("split_row", (3, 300000)),
+        ("cluster_onepass", (4, 262144)),
+        ("strided", (8, 100, 33)),
+    ],
+)
+def test_cuda_graph_capture_and_replay(kernel, shape):
+    """No host sync and no allocation outside the caching allocator: capture, then replay on new data."""
+    static_x = make_input(shape, torch.float16, seed=15)
+    dim = 1
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel) if kernel else contextlib.nullcontext():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            softmax_ops.softmax(static_x, dim)  # warm-up outside capture (one-time function attributes)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = softmax_ops.softmax(static_x, dim)
+        static_x.copy_(make_input(shape, torch.float16, seed=16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_out, softmax_ops.softmax(static_x, dim))
+    assert_within_2x_torch(
+        static_out, torch.softmax(static_x, dim), reference("softmax", static_x, dim, None)
+    )
+
+
+# ------------------------------------------------------------------------------------ opcheck
+
+
+def opcheck_samples():
+    samples = []
+    for shape, dim in [((8, 100), -1), ((4, 5000), 1), ((3, 5, 7), 1), ((2, 70000), -1)]:
+        x = make_input(shape, torch.float32, seed=17)
+        half = x.half()
+        samples += [
+            (torch.ops.softmax_ops.softmax.default, (x, dim, None)),
+            (torch.ops.softmax_ops.log_softmax.default, (half, dim, torch.float32)),
+            (
+                torch.ops.softmax_ops.softmax_backward.default,
+                (torch.randn_like(x), torch.softmax(x, dim), dim, x.dtype),
+            ),
+            (
+                torch.ops.softmax_ops.log_softmax_backward.default,
+                (torch.randn_like(x), torch.log_softmax(half, dim, dtype=torch.float32), dim, torch.float16),
+            ),
+        ]
+    return samples
+
+
+def test_opcheck_cuda_samples():
+    for op, args in opcheck_samples():
+        torch.library.opcheck(op, args)
+
+
+# ------------------------------------------------------------------------------------ > 2^31 elements
+
+BIG = pytest.mark.skipif(
+    os.environ.get("SOFTMAX_OPS_BIG_TESTS") != "1",
+    reason="set SOFTMAX_OPS_BIG_TESTS=1 (needs ~40 GB of GPU memory)",
+)
+
+
+@BIG
+@pytest.mark.parametrize(
+    "shape,kernel",
+    [
+        ((65537, 32768), None),
+        ((2, (1 << 30) + 8), None),
+        ((2, (1 << 30) + 8), "two_pass"),
+        ((65537, 32768), "strided"),
+    ],
+)
+def test_more_than_2_pow_31_elements(shape, kernel):
+    """64-bit offsets: the last row starts beyond element 2^31; checked on the tail of the last row.
+    float16 input, float32 output (values ~1e-9 would underflow in float16)."""
+    x = torch.randn(shape, device="cuda", dtype=torch.float16) * 3
+    assert x.numel() > 2**31
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel) if kernel else contextlib.nullcontext():
+        if kernel == "strided":  # the same rows stored column-major: reduce over dim 0, inner = rows
+            out = softmax_ops.softmax(x.t().contiguous(), 0, dtype=torch.float32).t()
+        else:
+            out = softmax_ops.softmax(x, 1, dtype=torch.float32)
+    last = x[-1]
+    tail = slice(shape[1] - (1 << 16), shape[1])
+    ref = torch.softmax(last.double(), 0)[tail]
+    assert_within_2x_torch(out[-1, tail], torch.softmax(last, 0, dtype=torch.float32)[tail], ref)
+    assert abs(out[-1].double().sum().item() - 1.0) < 1e-4

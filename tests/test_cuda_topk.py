@@ -1,0 +1,460 @@
+"""CUDA fused_topk / fused_topk_backward: every kernel of the menu forced across its size boundaries, every
+dtype, special values, ties, layouts, autograd, opcheck, CUDA graphs, determinism and the dispatcher.
+
+Expected values come from an independent float64 reference on the CPU: a stable descending sort of the
+(cast) logits, NaN first and ties to the lower index, and torch.softmax gathered at those indices.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda
+
+import softmax_ops
+
+# The kernel menu exists in every build with CUDA sources (explain needs no GPU); a CPU-only build has none.
+requires_topk_menu = pytest.mark.skipif(not softmax_ops.list_kernels("topk"), reason="CPU-only build")
+
+TOPK_KERNELS = ["warp", "block", "split_row", "radix"]
+BACKWARD_KERNELS = ["block", "split"]
+
+# Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
+# kernel holds 32 values per lane (16 for float64), 1..32 lanes per row; block/split_row read tiles of 4096
+# elements (split_row chunks are whole tiles); radix splits rows into chunks.
+WARP_NS = [2, 7, 31, 32, 33, 60, 64, 100, 128, 160, 384, 512, 513, 1000, 1024]
+WARP_MAX_N = {torch.float64: 512}  # default 1024
+BLOCK_NS = [1, 7, 100, 1000, 1025, 4095, 4096, 4097, 8193]
+SPLIT_NS = [100, 4097, 8192, 12289, 20000]
+RADIX_NS = [1, 7, 100, 1025, 4097, 20000]
+NS_BY_KERNEL = {"warp": WARP_NS, "block": BLOCK_NS, "split_row": SPLIT_NS, "radix": RADIX_NS}
+# Rows per test: the warp kernel packs several rows per warp and several warps per CTA (odd counts leave
+# partial warps); the CTA-per-row kernels need fewer.
+ROWS_BY_KERNEL = {"warp": 37, "block": 3, "split_row": 3, "radix": 3}
+K_KINDS = ["1", "2", "small", "large", "N"]
+
+GRADCHECK_CASES = [((3, 7), 3, -1), ((2, 5, 3), 2, 1), ((4, 6), 6, -1), ((2, 40), 5, -1), ((1, 70), 70, -1)]
+BACKWARD_CASES = [((8, 96), 5, -1), ((5, 60), 4, -1), ((3, 5000), 50, -1), ((4, 33, 3), 6, 1)]
+
+
+def k_for(kind: str, n: int, kernel: str) -> int:
+    """k of a given kind for a row of n (at most n): 1, 2, a router-like k, a large k, or k == N."""
+    large = 64 if kernel == "warp" else 700
+    return min(n, {"1": 1, "2": 2, "small": 6, "large": large, "N": n}[kind])
+
+
+def n_supported(kernel: str, n: int, k: int, dtype: torch.dtype) -> bool:
+    """The documented limits of a forced kernel (topk_launch.h): the warp kernel's registers, the
+    candidate buffer's shared memory (k + 6144 candidates, or the next power of two, of 8 B; 16 B for
+    float64; 227 KB per block on Hopper)."""
+    if kernel == "warp":
+        return n <= WARP_MAX_N.get(dtype, 1024)
+    if kernel in ("block", "split_row"):
+        capacity = max(1 << (k - 1).bit_length(), k + 4096 + 2048)
+        return capacity * (16 if dtype == torch.float64 else 8) + 2048 <= 227 * 1024
+    return True
+
+
+def distinct_rows(rows: int, n: int, dtype: torch.dtype, seed: int = 0, device: str = "cuda") -> torch.Tensor:
+    """Each row a random permutation of an even grid over [-4, 4): distinct values in float32/float64 (half
+    dtypes may round neighbours together for large n; the stable-sort reference resolves such ties exactly
+    as the contract does)."""
+    generator = torch.Generator().manual_seed(seed)
+    grid = torch.arange(n, dtype=torch.float64) * (8.0 / max(n, 1)) - 4.0
+    x = torch.stack([grid[torch.randperm(n, generator=generator)] for _ in range(rows)])
+    return x.to(dtype).to(device)
+
+
+def separated_rows(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    """Rows whose k + 1 largest logits are distinct and exact in every dtype (4.25, 4.5, ...) at random
+    positions, the rest below 4: no tie can straddle the top-k boundary, so any correct implementation
+    selects the same positions (gradients then compare position by position)."""
+    x = distinct_rows(rows, n, torch.float64, seed=seed, device="cpu")
+    generator = torch.Generator().manual_seed(seed + 1)
+    top = min(k + 1, n)
+    for row in x:
+        row[torch.randperm(n, generator=generator)[:top]] = 4.25 + 0.25 * torch.randperm(
+            top, generator=generator
+        )
+    return x.to(dtype).cuda()
+
+
+def reference(x: torch.Tensor, k: int, dim: int, renormalize: bool, dtype: torch.dtype | None = None):
+    """float64 values and indices of topk(softmax(x, dim, dtype)), ties to the lower index, NaN first."""
+    cast = x.to(dtype) if dtype is not None else x
+    logits = cast.double().cpu()
+    indices = torch.sort(logits, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+    values = torch.softmax(logits, dim).gather(dim, indices)
+    if renormalize:
+        values = values / values.sum(dim, keepdim=True)
+    return values, indices
+
+
+def torch_topk(x: torch.Tensor, k: int, dim: int, renormalize: bool, dtype: torch.dtype | None = None):
+    """What eager torch computes (same device, same dtype): the "torch's own error" side of the bound."""
+    values = torch.topk(torch.softmax(x, dim, dtype=dtype), k, dim).values
+    return values / values.sum(dim, keepdim=True) if renormalize else values
+
+
+def misaligned(x: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of x whose data pointer is one element past a 16-byte boundary."""
+    flat = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)[1:]
+    return flat.view(x.shape).copy_(x)
+
+
+def assert_valid_indices(indices: torch.Tensor, n: int) -> None:
+    rows = indices.reshape(-1, indices.shape[-1]).cpu()
+    assert bool(((rows >= 0) & (rows < n)).all()), "index out of range"
+    for row in rows.tolist():
+        assert len(set(row)) == len(row), f"duplicate indices in {row}"
+
+
+def check_topk(x, k, dim, renormalize, dtype=None):
+    values, indices = softmax_ops.fused_topk(x, k, dim, renormalize, dtype)
+    ref_values, ref_indices = reference(x, k, dim, renormalize, dtype)
+    assert values.dtype == (dtype or x.dtype) and indices.dtype == torch.int64
+    assert values.is_contiguous() and indices.is_contiguous()
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert_within_2x_torch(values, torch_topk(x, k, dim, renormalize, dtype), ref_values)
+    return values, indices
+
+
+FORCED_CASES = [
+    (kernel, n, kind) for kernel in TOPK_KERNELS for n in NS_BY_KERNEL[kernel] for kind in K_KINDS
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel,n,k_kind", FORCED_CASES)
+def test_forced_kernel_matches_reference(kernel, n, k_kind, dtype, renormalize):
+    k = k_for(k_kind, n, kernel)
+    if not n_supported(kernel, n, k, dtype):
+        pytest.skip(
+            "outside this kernel's documented limits (see test_forced_kernel_on_impossible_shape_raises)"
+        )
+    x = distinct_rows(ROWS_BY_KERNEL[kernel], n, dtype, seed=n + k)
+    with softmax_ops.force_kernel("topk", kernel):
+        check_topk(x, k, -1, renormalize)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_misaligned_rows(kernel, dtype):
+    """Rows whose start is not 16-byte aligned (and odd lengths) take the scalar-load path."""
+    for n, k in [(64, 6), (160, 8), (1001, 50), (4100, 20)]:
+        if not n_supported(kernel, n, k, dtype):
+            continue
+        x = misaligned(distinct_rows(5, n, dtype, seed=n))
+        assert x.data_ptr() % 16 != 0
+        with softmax_ops.force_kernel("topk", kernel):
+            check_topk(x, k, -1, renormalize=n % 2 == 0)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_ties_go_to_lower_index(kernel, dtype):
+    """Few distinct values: long runs of equal logits, across lanes, tiles, chunks and radix digits."""
+    generator = torch.Generator().manual_seed(3)
+    for n, k in [(5, 3), (160, 40), (1000, 300), (9000, 50)]:
+        if not n_supported(kernel, n, k, dtype):
+            continue
+        x = torch.randint(0, 4, (4, n), generator=generator).to(dtype).cuda()
+        x[1] = 0.0  # an all-equal row
+        x[2, ::3] = -0.0  # -0 ties with +0
+        with softmax_ops.force_kernel("topk", kernel):
+            check_topk(x, k, -1, renormalize=False)
+
+
+SPECIAL_ROWS = ["nan", "all_nan", "pos_inf", "all_neg_inf", "some_neg_inf", "nan_and_neg_inf"]
+
+
+def special_row(kind: str, n: int, generator: torch.Generator) -> torch.Tensor:
+    row = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+    where = torch.randperm(n, generator=generator)[: max(1, n // 7)]
+    if kind == "nan":
+        row[where] = float("nan")
+    elif kind == "all_nan":
+        row[:] = float("nan")
+    elif kind == "pos_inf":
+        row[where] = float("inf")
+    elif kind == "all_neg_inf":
+        row[:] = float("-inf")
+    elif kind == "some_neg_inf":
+        row[where] = float("-inf")
+    else:
+        row[:] = float("-inf")
+        row[where[:1]] = float("nan")
+    return row
+
+
+@requires_cuda
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_special_values(kernel, dtype, renormalize):
+    """NaN / +inf / all -inf rows: all-NaN values like torch; indices distinct, in range, in the reference
+    order (NaN first, ties to the lower index); -inf entries give 0."""
+    generator = torch.Generator().manual_seed(5)
+    for n in [5, 100, 5000]:
+        if not n_supported(kernel, n, n, dtype) and not n_supported(kernel, n, 3, dtype):
+            continue
+        x = torch.stack([special_row(kind, n, generator) for kind in SPECIAL_ROWS]).to(dtype).cuda()
+        for k in sorted({1, 3, min(n, 64), n}):
+            if not n_supported(kernel, n, k, dtype):
+                continue
+            with softmax_ops.force_kernel("topk", kernel):
+                values, indices = softmax_ops.fused_topk(x, k, -1, renormalize)
+            ref_values, ref_indices = reference(x, k, -1, renormalize)
+            assert_valid_indices(indices, n)
+            assert torch.equal(indices.cpu(), ref_indices)
+            assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+            finite = ~torch.isnan(ref_values)
+            tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+
+
+DTYPE_PAIRS = [
+    (torch.float16, torch.float32),
+    (torch.bfloat16, torch.float32),
+    (torch.float32, torch.float16),
+    (torch.float32, torch.float64),
+    (torch.float64, torch.float32),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("in_dtype,out_dtype", DTYPE_PAIRS)
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_dtype_argument(kernel, in_dtype, out_dtype):
+    for n, k in [(160, 6), (5000, 50)]:
+        if not n_supported(kernel, n, k, in_dtype) or not n_supported(kernel, n, k, out_dtype):
+            continue
+        x = distinct_rows(4, n, in_dtype, seed=11)
+        with softmax_ops.force_kernel("topk", kernel):
+            check_topk(x, k, -1, renormalize=True, dtype=out_dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_layouts(kernel):
+    """dim != -1 (moved last with a copy), transposed and strided inputs, 0-d and empty tensors."""
+    base = distinct_rows(12, 300, torch.float32, seed=8)
+    with softmax_ops.force_kernel("topk", kernel):
+        for x, dim in [
+            (base.t(), 0),
+            (base[:, 1:], -1),
+            (base[::3], 1),
+            (base.view(3, 4, 300).transpose(0, 1), 2),
+        ]:
+            check_topk(x, 7, dim, renormalize=True)
+        x3 = distinct_rows(6, 40, torch.float32, seed=9).view(2, 3, 40).transpose(1, 2).contiguous()
+        check_topk(x3, 5, 1, renormalize=False)
+        values, indices = softmax_ops.fused_topk(torch.tensor(0.25, device="cuda"), 1)
+        assert values.dim() == 0 and values.item() == 1.0 and indices.item() == 0
+        values, indices = softmax_ops.fused_topk(torch.empty(0, 9, device="cuda"), 4)
+        assert values.shape == (0, 4) and indices.shape == (0, 4)
+
+
+ROUTER_SHAPES = [
+    ((16384, 8), 2),
+    ((16384, 64), 6),
+    ((16384, 128), 8),
+    ((16384, 160), 6),
+    ((4096, 60), 4),
+    ((256, 128), 8),
+    ((2048, 384), 8),
+    ((1024, 512), 8),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,k", ROUTER_SHAPES)
+def test_router_shapes_automatic_choice(shape, k, dtype):
+    """The sweep's router shapes with the dispatcher's choice, read as bf16 with dtype=float32 too."""
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3).to(dtype).cuda()
+    out_dtype = torch.float32 if dtype == torch.bfloat16 else None
+    values, indices = softmax_ops.fused_topk(x, k, -1, True, out_dtype)
+    ref_values, _ = reference(x, k, -1, True, out_dtype)
+    assert_valid_indices(indices[:64], shape[1])
+    # Random bf16 logits can tie: compare the selected logits (and values) rather than positions.
+    ref_logits = torch.topk(x.double().cpu(), k, -1).values
+    assert torch.equal(x.double().cpu().gather(-1, indices.cpu()), ref_logits)
+    assert_within_2x_torch(values, torch_topk(x, k, -1, True, out_dtype), ref_values)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_is_deterministic(kernel):
+    n, k = (1000, 20) if kernel == "warp" else (70000, 64)
+    x = (torch.randn(5, n, generator=torch.Generator().manual_seed(2)) * 3).cuda()
+    with softmax_ops.force_kernel("topk", kernel):
+        first = softmax_ops.fused_topk(x, k, -1, True)
+        for _ in range(3):
+            again = softmax_ops.fused_topk(x, k, -1, True)
+            assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_cuda_graph_capture(kernel):
+    """No host sync and caching-allocator-only workspaces: capture, replay on new data, compare."""
+    n, k = (500, 8) if kernel == "warp" else (9000, 30)
+    x = (torch.randn(4, n, generator=torch.Generator().manual_seed(4)) * 3).cuda()
+    with softmax_ops.force_kernel("topk", kernel):
+        softmax_ops.fused_topk(x, k, -1, True)  # warm-up outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            values, indices = softmax_ops.fused_topk(x, k, -1, True)
+        x.copy_((torch.randn(4, n, generator=torch.Generator().manual_seed(6)) * 3).cuda())
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = softmax_ops.fused_topk(x, k, -1, True)
+    assert torch.equal(indices, expected[1]) and torch.equal(values, expected[0])
+
+
+@requires_cuda
+def test_forced_kernel_on_impossible_shape_raises():
+    cases = [
+        ("warp", torch.float32, 1025, 4),
+        ("warp", torch.float64, 513, 4),
+        ("block", torch.float32, 30000, 30000),
+        ("split_row", torch.float64, 20000, 12000),
+    ]
+    for kernel, dtype, n, k in cases:
+        assert not n_supported(kernel, n, k, dtype)
+        x = torch.randn(2, n, device="cuda", dtype=dtype)
+        with softmax_ops.force_kernel("topk", kernel), pytest.raises(ValueError, match="cannot handle"):
+            softmax_ops.fused_topk(x, k)
+
+
+@requires_cuda
+def test_rows_beyond_32_bit_element_offsets():
+    """> 2^31 elements in total: 64-bit row offsets in the warp and block kernels."""
+    rows, n = (1 << 21) + 3, 1024
+    if torch.cuda.mem_get_info()[0] < 3 * rows * n * 2:
+        pytest.skip("not enough GPU memory")
+    x = torch.empty(rows, n, dtype=torch.float16, device="cuda")
+    x.view(-1)[:] = 0
+    tail = distinct_rows(3, n, torch.float16, seed=12)
+    x[-3:] = tail
+    for kernel in ("warp", "block"):
+        with softmax_ops.force_kernel("topk", kernel):
+            values, indices = softmax_ops.fused_topk(x, 8)
+        ref_values, ref_indices = reference(tail, 8, -1, False)
+        assert torch.equal(indices[-3:].cpu(), ref_indices)
+        assert torch.equal(indices[0].cpu(), torch.arange(8))  # an all-equal row: the lowest indices
+        assert torch.allclose(values[-3:].double().cpu(), ref_values, atol=1e-3)
+    del x
+
+
+# ---------------------------------------------------------------------------------------------- backward
+
+
+@requires_cuda
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("kernel", BACKWARD_KERNELS)
+@pytest.mark.parametrize("shape,k,dim", GRADCHECK_CASES)
+def test_forced_backward_gradcheck(shape, k, dim, kernel, renormalize):
+    # Well-separated logits so that the finite-difference steps never change the selection.
+    x = distinct_rows(1, torch.Size(shape).numel(), torch.float64, seed=9).view(shape).requires_grad_(True)
+    with softmax_ops.force_kernel("topk_backward", kernel):
+        assert torch.autograd.gradcheck(lambda t: softmax_ops.fused_topk(t, k, dim, renormalize)[0], (x,))
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("kernel", BACKWARD_KERNELS)
+@pytest.mark.parametrize("shape,k,dim", BACKWARD_CASES)
+def test_forced_backward_matches_torch_autograd(shape, k, dim, kernel, renormalize, dtype):
+    moved = list(shape)
+    moved.append(moved.pop(dim))
+    x = (
+        separated_rows(torch.Size(moved[:-1]).numel(), moved[-1], k, dtype, seed=10)
+        .view(moved)
+        .movedim(-1, dim)
+    )
+    out_shape = list(shape)
+    out_shape[dim] = k
+    grad = (torch.randn(out_shape, generator=torch.Generator().manual_seed(11))).to(dtype).cuda()
+
+    def values_of(t):
+        values = torch.topk(torch.softmax(t, dim), k, dim).values
+        return values / values.sum(dim, keepdim=True) if renormalize else values
+
+    x_ours = x.clone().requires_grad_(True)
+    with softmax_ops.force_kernel("topk_backward", kernel):
+        softmax_ops.fused_topk(x_ours, k, dim, renormalize)[0].backward(grad)
+    x_ref = x.double().cpu().requires_grad_(True)
+    values_of(x_ref).backward(grad.double().cpu())
+    x_torch = x.clone().requires_grad_(True)
+    values_of(x_torch).backward(grad)
+    assert x_ours.grad.dtype == dtype and x_ours.grad.shape == x.shape
+    assert_within_2x_torch(x_ours.grad, x_torch.grad, x_ref.grad)
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", BACKWARD_KERNELS)
+def test_forced_backward_dtype_argument_and_graph_capture(kernel):
+    """bf16 logits with dtype=float32 values: the gradient comes back in bf16; capture works."""
+    x = separated_rows(6, 3000, 16, torch.bfloat16, seed=13)
+    values, indices = softmax_ops.fused_topk(x, 16, -1, False, torch.float32)
+    grad = torch.randn_like(values)
+    op = torch.ops.softmax_ops.fused_topk_backward.default
+    with softmax_ops.force_kernel("topk_backward", kernel):
+        eager = op(grad, x, values, indices, -1, False)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = op(grad, x, values, indices, -1, False)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert eager.dtype == torch.bfloat16 and torch.equal(eager, captured)
+    x_ref = x.double().cpu().requires_grad_(True)
+    torch.topk(torch.softmax(x_ref, -1), 16, -1).values.backward(grad.double().cpu())
+    torch_grad = x.float().requires_grad_(True)
+    torch.topk(torch.softmax(torch_grad, -1), 16, -1).values.backward(grad)
+    assert_within_2x_torch(eager, torch_grad.grad.to(torch.bfloat16), x_ref.grad)
+
+
+# ---------------------------------------------------------------------------------------------- opcheck
+
+
+@requires_cuda
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_opcheck_with_forced_kernel(kernel):
+    x = distinct_rows(4, 300, torch.float32, seed=14).requires_grad_(True)
+    x3 = distinct_rows(6, 50, torch.bfloat16, seed=15).view(2, 3, 50).transpose(1, 2).contiguous()
+    samples = [(x, 5, -1, False, None), (x, 7, -1, True, None), (x3, 4, 1, True, torch.float32)]
+    with softmax_ops.force_kernel("topk", kernel):
+        for args in samples:
+            torch.library.opcheck(torch.ops.softmax_ops.fused_topk.default, args)
+        values, indices = torch.ops.softmax_ops.fused_topk.default(x.detach(), 6, -1, False, None)
+        for backward_kernel in BACKWARD_KERNELS:
+            with softmax_ops.force_kernel("topk_backward", backward_kernel):
+                torch.library.opcheck(
+                    torch.ops.softmax_ops.fused_topk_backward.default,
+                    (torch.ones_like(values), x.detach(), values, indices, -1, False),
+                )
+
+
+# ---------------------------------------------------------------------------------------------- dispatcher
+
+
+@requires_topk_menu
+def test_list_kernels_and_explain():
+    assert softmax_ops.list_kernels("topk") == TOPK_KERNELS
+    assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
+    text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=6)
+    assert "kernel 'warp'" in text and "SMs" in text
+    text = softmax_ops.explain((8, 262144), torch.bfloat16, op="fused_topk", k=50_000)
+    assert "kernel 'radix'" in text  # beyond the candidate buffer whatever the heuristics
+    with softmax_ops.force_kernel("topk", "block"):
+        assert "forced" in softmax_ops.explain((4, 1000), torch.float16, op="fused_topk", k=3)
+    assert "kernel '" in softmax_ops.explain((64, 151936), torch.float32, op="fused_topk_backward", k=50)
+    with pytest.raises(ValueError, match="k"):
+        softmax_ops.explain((4, 100), torch.float32, op="fused_topk")
