@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -252,9 +253,13 @@ def chosen_kernel(op: str, shape: tuple[int, ...], dtype: torch.dtype, k: int, d
         why = softmax_ops.explain(shape, dtype, op=op, k=k)
     except Exception as error:  # noqa: BLE001  (the table shows why instead of dying mid-run)
         return f"explain failed: {error}"
-    # Earliest mention wins; at the same position the longer name (``block_one_pass`` over ``block``).
-    mentioned = [(why.find(name), -len(name), name) for name in softmax_ops.list_kernels(_KERNEL_FAMILY[op])
-                 if name in why]
+    names = softmax_ops.list_kernels(_KERNEL_FAMILY[op])
+    # explain states its choice as "kernel <name>: ..." (softmax) or "kernel '<name>' ..." (fused_topk).
+    stated = re.search(r"\bkernel '?(\w+)", why)
+    if stated and stated.group(1) in names:
+        return stated.group(1)
+    # Otherwise the earliest mention; at the same position the longer name (``block_onepass`` over ``block``).
+    mentioned = [(why.find(name), -len(name), name) for name in names if name in why]
     return min(mentioned)[2] if mentioned else (why.splitlines()[0][:60] if why else "?")
 
 

@@ -1,10 +1,10 @@
 """Recognises the call forms of softmax, log_softmax, topk, sum and division in a Dynamo (pre-grad) FX graph.
 
 The pre-grad graph is neither functional nor normalised: the same operation appears as ``F.softmax``,
-``torch.softmax``, ``x.softmax`` (``call_method``), ``torch.special.softmax`` or ``aten.softmax.int``, with any
-mix of positional and keyword arguments. Each ``parse_*`` function binds one node's arguments to the
-operation's parameter names and returns a small record, or a reason why the node cannot be read safely. Nothing
-here mutates a graph.
+``torch.softmax``, ``x.softmax`` (``call_method``), ``torch.special.softmax`` or ``aten.softmax.int``, with
+any mix of positional and keyword arguments. Each ``parse_*`` function binds one node's arguments to the
+operation's parameter names and returns a small record, or says why the node cannot be read safely.
+Nothing here mutates a graph.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
-"""Rewrites softmax, log_softmax and their top-k patterns in a Dynamo (pre-grad) FX graph into softmax_ops ops.
+"""Rewrites softmax, log_softmax and their top-k patterns in a Dynamo (pre-grad) FX graph into our ops.
 
 Patterns (the names are the report's keys):
 
-  softmax, log_softmax   any call form                 -> softmax_ops.softmax / log_softmax
-  softmax_topk           topk(softmax(x, d), k, d)      -> fused_topk(x, k, d)
-  softmax_topk_renorm    ... then v / v.sum(d, keepdim)  -> fused_topk(x, k, d, renormalize=True)
-  topk_softmax           softmax(topk(x, k, d).values, d) -> fused_topk(x, k, d, renormalize=True)
+  softmax, log_softmax  any call form                        -> softmax_ops.softmax / log_softmax
+  softmax_topk          topk(softmax(x, d), k, d)             -> fused_topk(x, k, d)
+  softmax_topk_renorm   the same, then v / v.sum(d, keepdim)  -> fused_topk(x, k, d, renormalize=True)
+  topk_softmax          softmax(topk(x, k, d).values, d)      -> fused_topk(x, k, d, renormalize=True)
 
 The last one is exact because the renormalised top-k probabilities are the softmax of the k selected logits.
-A candidate is rewritten only when the result is provably the same: value on an enabled device, supported
-dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a static int k, and no other
-reader of an intermediate that disappears. Every candidate left alone is reported with the reason.
+A candidate is rewritten only when the result is provably the same: value on an enabled device, plain
+tensor of a supported dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a
+static int k, no other reader of an intermediate that disappears, and no grad-mode switch inside a fused
+pattern. Every candidate left alone is reported with the reason.
 
 Dtypes come from the nodes' example values, which Dynamo computed under the autocast state in force. When
 autocast changed a softmax's output dtype, the replacement passes that dtype explicitly: torch's ``dtype=``
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 from collections.abc import Iterable
 
 import torch
@@ -51,7 +53,10 @@ SOFTMAX_TOPK_RENORM = "softmax_topk_renorm"
 TOPK_SOFTMAX = "topk_softmax"
 PATTERNS = ("softmax", "log_softmax", SOFTMAX_TOPK, SOFTMAX_TOPK_RENORM, TOPK_SOFTMAX)
 
-# Example values are FakeTensors under Dynamo; plain tensors/parameters appear in hand-built or exported graphs.
+# How Dynamo records `with torch.no_grad()`, `torch.set_grad_enabled(...)` and `torch.inference_mode()`.
+_GRAD_MODE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"})
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+# Example values are FakeTensors under Dynamo; plain tensors/parameters appear in hand-built graphs.
 _PLAIN_TENSOR_TYPES = (FakeTensor, torch.Tensor, torch.nn.Parameter)
 
 
@@ -96,15 +101,24 @@ def _is_true(value: object) -> bool:
 
 
 def _source_location(node: Node) -> str:
-    trace = node.meta.get("stack_trace") or ""
-    frames = [line.strip() for line in trace.splitlines() if line.strip().startswith('File "')]
+    """'model.py:42' for the innermost user frame of the node's stack trace, '' when none was recorded."""
+    frames = _FRAME.findall(node.meta.get("stack_trace") or "")
     if not frames:
         return ""
-    # 'File "/path/model.py", line 42, in forward' -> 'model.py:42'
-    parts = frames[-1].split('"')
-    path = parts[1].rsplit("/", 1)[-1] if len(parts) > 2 else "?"
-    line = parts[2].split("line", 1)[-1].split(",")[0].strip() if len(parts) > 2 else "?"
-    return f"{path}:{line}"
+    path, line = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def _grad_mode_changes_between(first: Node, last: Node) -> bool:
+    """Whether a ``no_grad``/``enable_grad``/``inference_mode`` boundary lies between two nodes. A fused op
+    runs at one point of the program, so it must not merge operations that ran under different grad modes
+    (the result would require grad where the original did not, or the other way round)."""
+    node = first.next
+    while node is not last and node.op != "root":
+        if node.op == "call_function" and getattr(node.target, "__name__", None) in _GRAD_MODE_SWITCHES:
+            return True
+        node = node.next
+    return False
 
 
 def _with_value(node: Node, template: Node, value: object) -> Node:
@@ -214,6 +228,8 @@ class _GraphRewriter:
             return "sum over every dim"
         if not _is_true(total.keepdim):
             return "sum without keepdim=True"
+        if _grad_mode_changes_between(values, div.node):
+            return "grad mode changes between topk and the renormalisation"
         if wrap_dim(single_dim(total.dim), rank) != dim:
             return f"renormalisation over dim {total.dim}, topk over dim {dim}"
         value_meta, total_meta, out_meta = tensor_meta(values), tensor_meta(total.node), tensor_meta(div.node)
@@ -260,6 +276,8 @@ class _GraphRewriter:
             problem = "softmax output also used elsewhere"
         else:
             problem = self._topk_problem(topk, rank, dim)
+        if problem is None and _grad_mode_changes_between(call.node, topk.node):
+            problem = "grad mode changes between softmax and topk"
         if problem:
             self._skip(SOFTMAX_TOPK, topk.node, problem)
             return
@@ -303,6 +321,8 @@ class _GraphRewriter:
             problem = self._topk_problem(topk, rank, wrap_dim(call.dim, rank))
         if problem is None and (len(values_nodes) != 1 or set(values.users) != {call.node}):
             problem = "topk values also used elsewhere"
+        if problem is None and _grad_mode_changes_between(topk.node, call.node):
+            problem = "grad mode changes between topk and softmax"
         if problem:
             self._skip(TOPK_SOFTMAX, call.node, problem)
             return

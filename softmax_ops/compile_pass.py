@@ -4,12 +4,12 @@ Inductor decomposes ``aten._softmax`` while AOTAutograd traces, so only the Dyna
 shows a softmax; the pass is installed as ``torch._inductor.config.pre_grad_custom_pass`` (DESIGN.md §6),
 chained after whatever pass was there. It runs for the default ``inductor`` backend only.
 
-Caching: on torch >= 2.12 ("late" pre-grad timing) the pass runs after the FX-graph/AOTAutograd cache lookup
-and its ``uuid()`` is part of the cache key, so the uuid covers the pass's source, the package version, the
-enabled state, the devices and the uuid of a chained pass. On torch 2.11 the pass runs before the lookup and
-the key is computed from the rewritten graph itself. Either way a graph cached with the pass off is never
-reused with it on, or the other way round. A cache hit skips the pass, so ``compile_report()`` only counts
-graphs the pass actually ran on.
+Caching: where ``torch._inductor.config.pre_grad_pass_timing`` exists (torch 2.14 measured) the pass runs
+after the FX-graph/AOTAutograd cache lookup and its ``uuid()`` is part of the cache key, so the uuid covers
+the pass's source, the package version, the enabled state, the devices and the uuid of a chained pass. On
+torch 2.11 the pass runs before the lookup, on every compilation, and the key is computed from the rewritten
+graph itself. Either way a graph cached with the pass off is never reused with it on, or the other way round.
+On newer torch a cache hit skips the pass, so ``compile_report()`` only counts graphs the pass ran on.
 
 ``disable()``/``enable()`` affect later compilations; already compiled functions keep their code until
 ``torch._dynamo.reset()`` (Dynamo does not guard on inductor configuration).
@@ -91,7 +91,8 @@ class SoftmaxOpsGraphPass(CustomGraphPass):
 
     Example:
         >>> import torch, softmax_ops
-        >>> isinstance(torch._inductor.config.pre_grad_custom_pass, softmax_ops.compile_pass.SoftmaxOpsGraphPass)
+        >>> installed = torch._inductor.config.pre_grad_custom_pass
+        >>> isinstance(installed, softmax_ops.compile_pass.SoftmaxOpsGraphPass)
         True
     """
 
@@ -160,8 +161,8 @@ def enable(devices: str | Iterable[str] | None = None) -> None:
 
     ``devices``: device types to rewrite on (e.g. ``"cuda,cpu"``); None reads ``SOFTMAX_OPS_DEVICES`` at each
     compilation (default ``cuda``). A pass already installed as ``pre_grad_custom_pass`` is kept and runs
-    first; calling ``enable()`` again does not chain twice. ``import softmax_ops`` calls this unless
-    ``SOFTMAX_OPS_DISABLE=1``.
+    first (install yours before calling this, or call this again after); ``enable()`` never chains twice.
+    ``import softmax_ops`` calls this unless ``SOFTMAX_OPS_DISABLE=1``.
 
     Example:
         >>> import softmax_ops
@@ -195,8 +196,9 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
-    """Whether graphs compiled now are rewritten."""
-    return _State.enabled
+    """Whether graphs compiled now are rewritten: enabled, and still installed in ``pre_grad_custom_pass``
+    (a pass assigned there after ``import softmax_ops`` replaces ours; call ``enable()`` to chain it)."""
+    return _State.enabled and any(_is_ours(p) for p in _as_passes(inductor_config.pre_grad_custom_pass))
 
 
 def disabled_by_environment() -> bool:

@@ -11,9 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import softmax_ops
 from softmax_ops import _bench_cases as cases
+from softmax_ops._bench_impls import chosen_kernel
 from softmax_ops.bench import main as bench_main
 
 PACKAGE_ROOT = Path(softmax_ops.__file__).resolve().parent.parent
@@ -162,3 +164,17 @@ def test_make_readme_table_renders_markdown(tmp_path):
     # geomean xCopy of 0.5 and 2.0 is 1.00, min 0.50, one shape >= 0.85; speedups 2x and 4x -> geomean 2.83x.
     assert "| softmax | fp16 | 2 | 1.00 | 0.50 | 1/2 | 2.83x | - |" in result.stdout
     assert "| 4x8 | 0.50 (2.00x / -) | warp |" in result.stdout
+
+
+def test_bench_kernel_column_names_the_dispatchers_choice():
+    families = {"softmax": "softmax", "softmax_backward": "softmax_backward", "fused_topk": "topk"}
+    if not softmax_ops.list_kernels("softmax"):
+        pytest.skip("CPU-only build: there is no CUDA kernel menu to name")
+    cuda = torch.device("cuda")  # explain assumes an H100 when no GPU is visible, so this runs on CPU CI too
+    for op, shape, k in [("softmax", (4096, 4096), 0), ("softmax", (4, 33554432), 0),
+                         ("softmax_backward", (16384, 128), 0), ("fused_topk", (16384, 64), 6),
+                         ("fused_topk", (64, 151936), 50)]:
+        name = chosen_kernel(op, shape, torch.float16, k, cuda)
+        assert name in softmax_ops.list_kernels(families[op]), (op, shape, name)
+        assert f"kernel {name}" in softmax_ops.explain(shape, torch.float16, op=op, k=k).replace("'", "")
+    assert chosen_kernel("softmax", (8, 8), torch.float32, 0, torch.device("cpu")) == "cpu"

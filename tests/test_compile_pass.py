@@ -41,19 +41,26 @@ _aot_eager = aot_autograd(fw_compiler=_boxed_nop, bw_compiler=_boxed_nop)
 
 
 def pass_backend(gm: torch.fx.GraphModule, example_inputs):
-    """Inductor's pre-grad passes (ours included, via the config), then AOTAutograd running the graph eagerly."""
+    """Inductor's pre-grad passes (ours included, via the config), then AOTAutograd running it eagerly."""
     return _aot_eager(pre_grad_passes(gm, example_inputs), example_inputs)
 
 
 @pytest.fixture(autouse=True)
 def compile_pass_enabled_on_cpu(monkeypatch):
-    """Every test starts with the pass enabled on CPU and CUDA graphs, fresh Dynamo state, an empty report."""
+    """Every test starts with the pass enabled on CPU and CUDA graphs, fresh Dynamo state and an empty
+    report; the pass's state and the inductor config are put back afterwards."""
+    was_enabled = softmax_ops.is_enabled()
+    config = torch._inductor.config
+    monkeypatch.setattr(config, "pre_grad_custom_pass", config.pre_grad_custom_pass)  # restored at teardown
     monkeypatch.setenv("SOFTMAX_OPS_DEVICES", "cuda,cpu")
     softmax_ops.enable()
     torch._dynamo.reset()
     softmax_ops.reset_compile_report()
     yield
-    softmax_ops.enable()
+    if was_enabled:
+        softmax_ops.enable()
+    else:
+        softmax_ops.disable()
     torch._dynamo.reset()
 
 
@@ -79,7 +86,7 @@ def logits(*shape, dtype=torch.float32, seed=0, device=DEVICE):
     return ((perm.double() - n / 2) * 0.5).to(dtype).to(device)
 
 
-# ---- rewritten graphs: every pattern, every call form ----------------------------------------------------
+# ---- rewritten graphs: every pattern, every call form ------------------------------------------------------
 
 
 class Block(nn.Module):
@@ -490,6 +497,27 @@ def test_untouched_topk_then_softmax_over_other_dim():
     assert skip_reasons() == [("topk_softmax", "topk over dim 1, softmax over dim 0")]
 
 
+def test_untouched_across_grad_mode_change():
+    def fn(x):
+        p = x.softmax(-1)
+        with torch.no_grad():
+            values, selected = p.topk(2)
+        logit_values, _ = x.topk(2)
+        with torch.no_grad():
+            weights = logit_values.softmax(-1)
+        return values, selected, weights
+
+    x = logits(4, 8).requires_grad_()
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    assert skip_reasons() == [
+        ("softmax_topk", "grad mode changes between softmax and topk"),
+        ("topk_softmax", "grad mode changes between topk and softmax"),
+    ]
+    for ours, theirs in zip(outs, fn(x)):
+        assert ours.requires_grad == theirs.requires_grad
+        torch.testing.assert_close(ours, theirs)
+
+
 def test_untouched_implicit_dim():
     def fn(x):
         return F.softmax(x, None)
@@ -578,7 +606,7 @@ def test_graph_breaks_rewrite_each_graph():
         torch.testing.assert_close(ours, theirs)
 
 
-# ---- autocast: the replacement keeps the dtype autocast gave the softmax ------------------------------------
+# ---- autocast: the replacement keeps the dtype autocast gave the softmax -----------------------------------
 
 
 def _fake_graph(input_dtype, softmax_dtype, sum_dtype=None):
@@ -802,7 +830,7 @@ def test_reduce_overhead_inference(no_compile_caches):
     assert softmax_ops.compile_report().rewrites["softmax_topk_renorm"] == 1
 
 
-# ---- enable / disable, uuid, caches, chaining ----------------------------------------------------------------
+# ---- enable / disable, uuid, caches, chaining --------------------------------------------------------------
 
 
 class RecordingPass(CustomGraphPass):
@@ -871,10 +899,11 @@ def test_uuid_tracks_enabled_state_devices_and_chained_pass(monkeypatch):
 
 
 def test_chained_user_pass_runs_and_is_restored_by_disable(monkeypatch):
-    softmax_ops.disable()
     user_pass = RecordingPass()
-    monkeypatch.setattr(torch._inductor.config, "pre_grad_custom_pass", user_pass)
+    monkeypatch.setattr(torch._inductor.config, "pre_grad_custom_pass", user_pass)  # replaces ours
+    assert not softmax_ops.is_enabled()
     softmax_ops.enable()
+    assert softmax_ops.is_enabled()
 
     torch.compile(plain_softmax, backend=pass_backend)(logits(4, 8))
     assert user_pass.calls == 1
@@ -908,7 +937,7 @@ def test_inductor_caches_never_mix_pass_on_and_off(tmp_path, monkeypatch):
     assert counters["aot_autograd"]["autograd_cache_hit"] + counters["inductor"]["fxgraph_cache_hit"] >= 1
 
 
-# ---- the report ---------------------------------------------------------------------------------------------
+# ---- the report --------------------------------------------------------------------------------------------
 
 
 def test_report_counts_skips_and_reset():

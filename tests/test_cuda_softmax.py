@@ -74,6 +74,10 @@ def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
 
 
 def smem_optin() -> int:
+    """Opt-in shared memory per block of the current GPU (227 KB on H100/H200; also used, untested, for
+    collecting the parametrisations on a machine without a GPU)."""
+    if not HAS_CUDA:
+        return 227 * 1024
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
     return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
 

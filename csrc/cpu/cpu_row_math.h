@@ -35,12 +35,23 @@
 
 namespace softmax_ops::cpu {
 
-// 16 floats: one AVX-512 register. The 64-byte vector ABI warning (-Wpsabi) cannot apply: every function
-// taking one is force-inlined.
+// 16 floats: one AVX-512 register. GCC's note that passing such a vector changes the ABI without AVX-512
+// (-Wpsabi) cannot matter here: every function taking one is force-inlined into its caller.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
 using FloatVec = float __attribute__((vector_size(64)));
 using UintVec = uint32_t __attribute__((vector_size(64)));
 using Uint16Vec = uint16_t __attribute__((vector_size(32)));
+using IntVec = int32_t __attribute__((vector_size(64)));  // what comparing two FloatVec gives (-1 / 0)
 constexpr int64_t kVecWidth = 16;
+
+// Is any lane of a comparison result true?
+SOFTMAX_OPS_CPU_INLINE bool any_lane(IntVec mask) {
+  uint64_t words[8];
+  std::memcpy(words, &mask, sizeof(words));
+  return ((words[0] | words[1]) | (words[2] | words[3])) | ((words[4] | words[5]) | (words[6] | words[7]));
+}
 
 // Accumulation type: float32 for float16/bfloat16/float32, float64 for float64.
 template <typename T>

@@ -10,8 +10,11 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <tuple>
+#include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_dispatch.h"
@@ -21,9 +24,12 @@
 namespace softmax_ops::cpu {
 namespace {
 
-// Up to this k the top-k is kept in a sorted buffer updated by insertion (one compare per element for
-// typical rows); above it a full nth_element + sort of the row's indices is cheaper than O(N*k) worst cases.
-constexpr int64_t kMaxInsertionK = 32;
+// Up to this k the top-k is kept in a sorted buffer updated by insertion; above it the row is ranked with
+// nth_element (O(N)). The buffer also gives up (and the row goes to nth_element) after
+// kInsertionBudgetPerK * k + N / 8 insertions: a random row needs about k * (1 + ln(N / k)), an ascending
+// one needs N, each costing up to k moves.
+constexpr int64_t kMaxInsertionK = 256;
+constexpr int64_t kInsertionBudgetPerK = 4;
 
 // Elements per chunk of the backward's one-pass (max, sum): small enough that the chunk's second read
 // (for the sum) hits L1, so self is read from memory once for the statistics and once for the gradient.
@@ -31,7 +37,7 @@ constexpr int64_t kStatsChunk = 2048;
 
 // Does logit a (index ia) rank before logit b (index ib)?
 template <typename Acc>
-inline bool ranks_before(Acc a, int64_t ia, Acc b, int64_t ib) {
+SOFTMAX_OPS_CPU_INLINE bool ranks_before(Acc a, int64_t ia, Acc b, int64_t ib) {
   const bool a_nan = std::isnan(a);
   const bool b_nan = std::isnan(b);
   if (a_nan || b_nan) return a_nan && (!b_nan || ia < ib);
@@ -40,41 +46,94 @@ inline bool ranks_before(Acc a, int64_t ia, Acc b, int64_t ib) {
 
 // Does a logit with a HIGHER index than w's rank before w? (Ties stay with the earlier index.)
 template <typename Acc>
-inline bool later_beats(Acc v, Acc w) {
+SOFTMAX_OPS_CPU_INLINE bool later_beats(Acc v, Acc w) {
   return std::isnan(v) ? !std::isnan(w) : v > w;  // v > NaN is false: nothing later beats a NaN
 }
 
 // The k best positions of row x (length n), best first, into top_index; top_logit is scratch of size k.
+// Returns false (top_index unusable) when the insertion budget runs out.
+// Once the buffer is full, 64 logits at a time are compared with the current k-th (vectorised) and only a
+// block holding a candidate (or a NaN) is walked element by element: for typical rows almost none is.
 template <typename Acc, typename In>
-void select_topk_by_insertion(const In* x, int64_t n, int64_t k, Acc* top_logit, int64_t* top_index) {
+SOFTMAX_OPS_CPU_INLINE bool select_topk_by_insertion(const In* x, int64_t n, int64_t k, Acc* top_logit,
+                                                     int64_t* top_index) {
   int64_t count = 0;
-  for (int64_t j = 0; j < n; ++j) {
+  int64_t budget = kInsertionBudgetPerK * k + n / 8;
+  auto consider = [&](int64_t j) {
     const Acc v = to_acc<Acc>(x[j]);
     if (count == k) {
-      if (!later_beats(v, top_logit[k - 1])) continue;
+      if (!later_beats(v, top_logit[k - 1])) return;
       --count;  // the current k-th is pushed out
     }
-    int64_t pos = count;
-    for (; pos > 0 && later_beats(v, top_logit[pos - 1]); --pos) {
+    // The buffer is sorted by rank, so "v beats it" is false then true along it: binary search.
+    int64_t lo = 0;
+    int64_t hi = count;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (later_beats(v, top_logit[mid])) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+      }
+    }
+    for (int64_t pos = count; pos > lo; --pos) {
       top_logit[pos] = top_logit[pos - 1];
       top_index[pos] = top_index[pos - 1];
     }
-    top_logit[pos] = v;
-    top_index[pos] = j;
+    top_logit[lo] = v;
+    top_index[lo] = j;
     ++count;
+    --budget;
+  };
+  int64_t j = 0;
+  for (; j < n && count < k; ++j) consider(j);
+  if constexpr (std::is_same_v<Acc, float>) {
+    constexpr int64_t kBlock = 4 * kVecWidth;  // one mask test per 4 vectors: the test is the costly part
+    for (; j + kBlock <= n && budget > 0; j += kBlock) {
+      const float kth = top_logit[k - 1];
+      const FloatVec v0 = load_vec(x + j);
+      const FloatVec v1 = load_vec(x + j + kVecWidth);
+      const FloatVec v2 = load_vec(x + j + 2 * kVecWidth);
+      const FloatVec v3 = load_vec(x + j + 3 * kVecWidth);
+      const IntVec beats = (v0 > kth) | (v1 > kth) | (v2 > kth) | (v3 > kth);
+      const IntVec nan = (v0 != v0) | (v1 != v1) | (v2 != v2) | (v3 != v3);
+      if (!any_lane(beats | nan)) continue;
+      for (int64_t b = j; b < j + kBlock; ++b) consider(b);
+    }
   }
+  for (; j < n && budget > 0; ++j) consider(j);
+  return j == n && budget >= 0;
 }
 
-// Same result for any k: partition the row's indices around the k-th, then sort the first k.
+// A 64-bit key whose unsigned order is the ranking: the logit's order-preserving bits above (every NaN
+// highest, -0 folded into +0 so equal logits tie), the complemented index below (lower index first).
+SOFTMAX_OPS_CPU_INLINE uint64_t rank_key(float v, int64_t index) {
+  uint32_t bits = bit_cast_to<uint32_t>(v + 0.0f);
+  bits = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  bits = v != v ? 0xFFFFFFFFu : bits;
+  return (static_cast<uint64_t>(bits) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+
+// Same result for any k: nth_element around the k-th, then sort the first k. float rows shorter than 2^32
+// rank packed keys (contiguous, branch-free compares); others rank indices with ranks_before.
 template <typename Acc, typename In>
-void select_topk_by_partition(const In* x, int64_t n, int64_t k, std::vector<int64_t>& order,
+void select_topk_by_partition(const In* x, int64_t n, int64_t k, std::vector<uint64_t>& scratch,
                               int64_t* top_index) {
-  order.resize(n);
-  std::iota(order.begin(), order.end(), int64_t{0});
-  auto before = [x](int64_t a, int64_t b) { return ranks_before(to_acc<Acc>(x[a]), a, to_acc<Acc>(x[b]), b); };
-  std::nth_element(order.begin(), order.begin() + (k - 1), order.end(), before);
-  std::sort(order.begin(), order.begin() + k, before);
-  std::copy(order.begin(), order.begin() + k, top_index);
+  scratch.resize(n);
+  if (std::is_same_v<Acc, float> && n <= (int64_t{1} << 32)) {
+    for (int64_t j = 0; j < n; ++j) scratch[j] = rank_key(to_acc<float>(x[j]), j);
+    std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), std::greater<uint64_t>());
+    std::sort(scratch.begin(), scratch.begin() + k, std::greater<uint64_t>());
+    for (int64_t j = 0; j < k; ++j) top_index[j] = 0xFFFFFFFFu - static_cast<uint32_t>(scratch[j]);
+    return;
+  }
+  std::iota(scratch.begin(), scratch.end(), uint64_t{0});
+  auto before = [x](uint64_t a, uint64_t b) {
+    return ranks_before(to_acc<Acc>(x[a]), static_cast<int64_t>(a), to_acc<Acc>(x[b]), static_cast<int64_t>(b));
+  };
+  std::nth_element(scratch.begin(), scratch.begin() + (k - 1), scratch.end(), before);
+  std::sort(scratch.begin(), scratch.begin() + k, before);
+  std::copy(scratch.begin(), scratch.begin() + k, top_index);
 }
 
 // Rows [begin, end): values = softmax(x)[top-k] (sorted), optionally divided by their sum.
@@ -86,14 +145,12 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int6
                                                   int64_t k, bool renormalize, int64_t begin, int64_t end) {
   using Acc = acc_type<In>;
   std::vector<Acc> probs(k);
-  std::vector<int64_t> order;
+  std::vector<uint64_t> scratch;
   for (int64_t row = begin; row < end; ++row) {
     const In* xr = x + row * n;
     int64_t* idx = indices + row * k;
-    if (k <= kMaxInsertionK) {
-      select_topk_by_insertion<Acc>(xr, n, k, probs.data(), idx);
-    } else {
-      select_topk_by_partition<Acc>(xr, n, k, order, idx);
+    if (k > kMaxInsertionK || !select_topk_by_insertion<Acc>(xr, n, k, probs.data(), idx)) {
+      select_topk_by_partition<Acc>(xr, n, k, scratch, idx);
     }
     const Acc m = row_max(xr, n);
     const Acc inv_sum = Acc(1) / row_sum_exp(xr, m, n);
@@ -147,8 +204,9 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_backward_rows(const T* x, const acc
       continue;
     }
     const T* __restrict xr = x + row * n;
-    const auto [m, s] = row_max_and_sum_exp<Acc>(xr, n);
-    const Acc inv_sum = Acc(1) / s;
+    const std::pair<Acc, Acc> max_and_sum = row_max_and_sum_exp<Acc>(xr, n);
+    const Acc m = max_and_sum.first;  // a named variable, not a structured binding: C++17 lambdas capture it
+    const Acc inv_sum = Acc(1) / max_and_sum.second;
     map_row(xr, out, n, [=](auto v) { return fast_exp(v - m) * inv_sum * -weighted; });
     for (int64_t j = 0; j < k; ++j) {
       const Acc p = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;

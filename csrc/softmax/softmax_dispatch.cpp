@@ -431,9 +431,9 @@ DeviceProps query_device_props(int device) {
   props.max_threads_per_sm = attribute(cudaDevAttrMaxThreadsPerMultiProcessor, props.max_threads_per_sm);
   props.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, props.cc_major);
   props.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, props.cc_minor);
-  cudaDeviceProp full{};
-  props.name = cudaGetDeviceProperties(&full, device) == cudaSuccess ? std::string(full.name)
-                                                                      : "CUDA device " + std::to_string(device);
+  // Not cudaGetDeviceProperties: its struct layout follows the headers, and the runtime torch loads may be
+  // another CUDA version than the toolkit compiled against (a mismatch overruns the struct).
+  props.name = "CUDA device " + std::to_string(device);
   props.assumed = false;
   (void)cudaGetLastError();  // a failed attribute query falls back to the default; leave no error behind
   return props;

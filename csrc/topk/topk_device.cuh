@@ -535,7 +535,8 @@ cudaError_t dispatch_int(int value, F&& f) {
   return result;
 }
 
-// Lets a kernel use more than 48 KB of dynamic shared memory (once per kernel and size).
+// Lets a kernel use more than 48 KB of dynamic shared memory. Called before every such launch: a cheap host
+// call, legal during CUDA graph capture, and correct on every device of a multi-GPU process.
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;

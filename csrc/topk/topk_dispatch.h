@@ -20,7 +20,7 @@ struct TopkDeviceProps {
 };
 
 // The current CUDA device's properties (queried once per device), or the assumed H100 without a GPU.
-TopkDeviceProps topk_device_props();
+const TopkDeviceProps& topk_device_props();
 
 const char* topk_kernel_name(TopkKernel kernel);
 const char* topk_backward_kernel_name(TopkBackwardKernel kernel);

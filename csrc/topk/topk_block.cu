@@ -37,14 +37,13 @@ struct ChunkTopk {
                         : (u * V + j) * kBlockThreads + static_cast<int>(threadIdx.x);
   }
 
-  // Values of the tile starting at t0 (pads past hi are -inf). With vector loads, hi - t0 is a multiple of V.
-  static __device__ __forceinline__ void load_tile(const TIn* x, int64_t t0, int64_t hi, bool vector_loads,
-                                                   C (&v)[U][V]) {
+  // Values of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a multiple of V.
+  static __device__ __forceinline__ void load_tile(const TIn* x, int valid, bool vector_loads, C (&v)[U][V]) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (vector_loads) {
-        const int64_t off = t0 + tile_offset(true, u, 0);
-        if (off < hi) {
+        const int off = tile_offset(true, u, 0);
+        if (off < valid) {
           load_vec16<TIn, true>(x + off, v[u]);
         } else {
 #pragma unroll
@@ -53,25 +52,29 @@ struct ChunkTopk {
       } else {
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const int64_t off = t0 + tile_offset(false, u, j);
-          v[u][j] = off < hi ? load_scalar(x + off) : neg_inf<C>();
+          const int off = tile_offset(false, u, j);
+          v[u][j] = off < valid ? load_scalar(x + off) : neg_inf<C>();
         }
       }
     }
   }
 
   // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (max, sum) over its share. Returns count. cap >= candidate_capacity(k).
-  static __device__ int run(const TIn* __restrict__ x, int64_t lo, int64_t hi, int k, bool vector_loads,
-                            Cand* buf, int cap, SelectScratch& s, RowStats<C>& stats) {
+  // thread's (max, sum) over its share. Returns count. cap >= candidate_capacity(k). Positions are 32-bit
+  // (the launcher limits rows to 2^31 - 1 elements); x is the row's first element.
+  static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, bool vector_loads, Cand* buf, int cap,
+                            SelectScratch& s, RowStats<C>& stats) {
+    static_assert(U * V <= 32, "one bit per value of a thread's tile");
     stats = empty_stats<C>();
-    Key tau_key = 0;                  // accept every value (every real key is > 0)
-    C tau_value = quiet_nan<C>();     // !(x < NaN) holds for every x
+    Key tau_key = 0;               // accept every value (every real key is > 0)
+    C tau_value = quiet_nan<C>();  // !(x < NaN) holds for every x
     if (threadIdx.x == 0) s.count = 0;
     bool first = true;
-    for (int64_t t0 = lo; t0 < hi; t0 += kTileElems) {
+    for (int64_t tile = lo; tile < hi; tile += kTileElems) {
+      const int t0 = static_cast<int>(tile);
+      const int valid = min(hi - t0, kTileElems);
       C v[U][V];
-      load_tile(x, t0, hi, vector_loads, v);
+      load_tile(x + t0, valid, vector_loads, v);
 #pragma unroll
       for (int u = 0; u < U; ++u) fold_stats(stats, v[u]);
 
@@ -82,9 +85,9 @@ struct ChunkTopk {
         for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            const int64_t off = t0 + tile_offset(vector_loads, u, j);
-            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(off));
-            if (off < hi && Ops::better(c, mine)) mine = c;
+            const int off = tile_offset(vector_loads, u, j);
+            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
+            if (off < valid && Ops::better(c, mine)) mine = c;
           }
         }
         __syncthreads();  // s.count = 0 is visible; buf is free
@@ -95,27 +98,35 @@ struct ChunkTopk {
         for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            const int64_t off = t0 + tile_offset(vector_loads, u, j);
-            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(off));
-            warp_append<Ops>(buf, &s.count, off < hi && Ops::at_least(c, floor), c);
+            const int off = tile_offset(vector_loads, u, j);
+            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
+            warp_append<Ops>(buf, &s.count, off < valid && Ops::at_least(c, floor), c);
           }
         }
         tau_key = Ops::key(floor);
         tau_value = OrderKey<C>::value(tau_key);
         first = false;
       } else {
+        // The common case once the threshold has risen: nothing passes, one vote per warp and tile.
+        uint32_t take = 0;
 #pragma unroll
         for (int u = 0; u < U; ++u) {
 #pragma unroll
           for (int j = 0; j < V; ++j) {
-            const int64_t off = t0 + tile_offset(vector_loads, u, j);
-            bool take = false;
-            Key key = 0;
-            if (off < hi && !(v[u][j] < tau_value)) {
-              key = OrderKey<C>::of(v[u][j]);
-              take = key > tau_key;
+            if (tile_offset(vector_loads, u, j) < valid && !(v[u][j] < tau_value) &&
+                OrderKey<C>::of(v[u][j]) > tau_key) {
+              take |= 1u << (u * V + j);
             }
-            warp_append<Ops>(buf, &s.count, take, Ops::make(key, static_cast<uint32_t>(off)));
+          }
+        }
+        if (__any_sync(kFullMask, take != 0)) {
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+#pragma unroll
+            for (int j = 0; j < V; ++j) {
+              const uint32_t index = static_cast<uint32_t>(t0 + tile_offset(vector_loads, u, j));
+              warp_append<Ops>(buf, &s.count, (take >> (u * V + j)) & 1u, Ops::make(OrderKey<C>::of(v[u][j]), index));
+            }
           }
         }
       }
@@ -162,7 +173,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int64_t row = blockIdx.x;
   RowStats<C> stats;
-  const int count = Chunk::run(x + row * n, 0, n, k, vector_loads, buf, cap, scratch.select, stats);
+  const int count = Chunk::run(x + row * n, 0, static_cast<int>(n), k, vector_loads, buf, cap, scratch.select, stats);
   stats = block_merge_stats(stats, scratch.stats);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
@@ -186,7 +197,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int64_t lo = part * chunk;
   const int64_t hi = min(n, lo + chunk);
   RowStats<C> stats;
-  const int count = Chunk::run(x + row * n, lo, hi, k, vector_loads, buf, cap, scratch.select, stats);
+  const int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, vector_loads, buf, cap,
+                               scratch.select, stats);
   stats = block_merge_stats(stats, scratch.stats);
   typename Ops::Type* out = ws_cand + (row * splits + part) * k;
   for (int r = threadIdx.x; r < k; r += blockDim.x) out[r] = r < count ? buf[r] : Ops::none();

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <sstream>
 #include <vector>
@@ -29,13 +30,13 @@ struct TopkHeuristics {
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
-  // block: one CTA per row; three 66 KB CTAs fit per SM, so >= 2 rows per SM already keeps every SM
-  // busy with enough bytes in flight. Fewer rows split.
+  // block: one CTA per row; for k <= ~500 the buffer is ~50 KB, so four CTAs (64 KB of loads in flight)
+  // fit per SM and >= 2 rows per SM already keeps every SM busy. Fewer rows split.
   int64_t block_min_rows_per_sm = 2;
   // split_row: aim for this many CTAs per SM; each chunk >= max(split_min_chunk, split_chunk_per_k * k)
-  // elements, since every chunk writes k candidates that the merge kernel reads back.
+  // elements (one tile at least), since every chunk writes k candidates that the merge kernel reads back.
   int64_t split_target_ctas_per_sm = 4;
-  int64_t split_min_chunk = 8192;
+  int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
@@ -144,6 +145,20 @@ std::string device_line(const TopkDeviceProps& props) {
   return out.str();
 }
 
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+  }
+  return "?";
+}
+
 DType dtype_of(c10::ScalarType t) {
   switch (t) {
     case c10::ScalarType::Float:
@@ -186,16 +201,17 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
   const auto [rows, n] = rows_and_n(op, shape, dim);
   TORCH_CHECK_VALUE(k >= 1 && k <= std::max<int64_t>(n, 1), "softmax_ops.explain: fused_topk needs k in [1, N] (N = ",
                     n, "), got k=", k, " (pass k=...)");
-  const TopkDeviceProps props = topk_device_props();
+  const TopkDeviceProps& props = topk_device_props();
   std::ostringstream out;
-  out << op << " of shape " << shape_text(shape) << " " << c10::toString(dtype) << ", k=" << k << ", dim=" << dim
-      << " (" << rows << " rows of N=" << n << "): ";
+  out << op << " of shape " << shape_text(shape) << " " << dtype_name(in) << ", k=" << k << ", dim=" << dim << " ("
+      << rows << (rows == 1 ? " row" : " rows") << " of N=" << n << "): ";
   std::string why;
   const TopkPlan plan = resolve_topk_plan(rows, n, k, in, props, &why);
   out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
     case TopkKernel::kWarp:
-      out << " (" << plan.lanes_per_row << " lanes per row, " << 32 / plan.lanes_per_row << " rows per warp)";
+      out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " lane" : " lanes") << " per row, "
+          << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
       break;
     case TopkKernel::kBlock:
       out << " (one " << kBlockThreads << "-thread CTA per row, " << plan.smem_bytes / 1024 << " KB candidate buffer)";
@@ -218,12 +234,12 @@ std::string explain_topk_backward(const std::string& op, const std::vector<int64
   static_cast<void>(k);
   const DType in = dtype_of(dtype);
   const auto [rows, n] = rows_and_n(op, shape, dim);
-  const TopkDeviceProps props = topk_device_props();
+  const TopkDeviceProps& props = topk_device_props();
   std::string why;
   const TopkBackwardPlan plan = resolve_topk_backward_plan(rows, n, in, props, &why);
   std::ostringstream out;
-  out << op << " of shape " << shape_text(shape) << " " << c10::toString(dtype) << ", dim=" << dim << " (" << rows
-      << " rows of N=" << n << "): kernel '" << topk_backward_kernel_name(plan.kernel) << "' (" << plan.threads
+  out << op << " of shape " << shape_text(shape) << " " << dtype_name(in) << ", dim=" << dim << " (" << rows
+      << (rows == 1 ? " row" : " rows") << " of N=" << n << "): kernel '" << topk_backward_kernel_name(plan.kernel) << "' (" << plan.threads
       << " threads per CTA";
   if (plan.kernel == TopkBackwardKernel::kSplit) out << ", " << backward_split_count(n, plan.splits) << " CTAs per row";
   out << "): " << why << ". [" << device_line(props) << "]";
@@ -245,29 +261,37 @@ const char* topk_backward_kernel_name(TopkBackwardKernel kernel) {
   return kTopkBackwardNames[static_cast<int>(kernel)];
 }
 
-TopkDeviceProps topk_device_props() {
-  static std::mutex mutex;
-  static std::vector<TopkDeviceProps> cache;  // per device index; sm_count == 0 means not queried yet
-  int count = 0;
+const TopkDeviceProps& topk_device_props() {
+  static const TopkDeviceProps kAssumedH100{};
+  static const int device_count = [] {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      static_cast<void>(cudaGetLastError());  // leave no sticky error for the next CUDA call
+      count = 0;
+    }
+    return count;
+  }();
   int device = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0 || cudaGetDevice(&device) != cudaSuccess) {
-    static_cast<void>(cudaGetLastError());  // leave no sticky error for the next CUDA call
-    return TopkDeviceProps{};
+  if (device_count == 0 || cudaGetDevice(&device) != cudaSuccess || device >= device_count) {
+    static_cast<void>(cudaGetLastError());
+    return kAssumedH100;
   }
+  // Queried once per device; entries are never moved or freed, so references stay valid.
+  static std::mutex mutex;
+  static std::vector<std::unique_ptr<TopkDeviceProps>> cache(device_count);
   std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() < static_cast<size_t>(count)) cache.resize(count, TopkDeviceProps{0, 0, 0, "", false});
-  TopkDeviceProps& props = cache[device];
-  if (props.sm_count == 0) {
+  if (!cache[device]) {
     cudaDeviceProp prop{};
     int optin = 0;
     if (cudaGetDeviceProperties(&prop, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
       static_cast<void>(cudaGetLastError());
-      return TopkDeviceProps{};
+      return kAssumedH100;
     }
-    props = TopkDeviceProps{prop.multiProcessorCount, prop.l2CacheSize, optin, prop.name, false};
+    cache[device] = std::make_unique<TopkDeviceProps>(
+        TopkDeviceProps{prop.multiProcessorCount, prop.l2CacheSize, optin, prop.name, false});
   }
-  return props;
+  return *cache[device];
 }
 
 TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
