@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 
 import softmax_ops
 from softmax_ops._bench_timing import fixed_count_median

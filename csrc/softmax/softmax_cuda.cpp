@@ -11,7 +11,6 @@
 #include <torch/library.h>
 
 #include <optional>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -155,33 +154,28 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
     if (d == wrapped) problem.n = shape[d];
     if (d > wrapped) problem.inner *= shape[d];
   }
-  std::ostringstream text;
-  text << op << " of shape [";
-  for (int64_t d = 0; d < rank; ++d) text << (d ? ", " : "") << shape[d];
-  text << "] over dim " << wrapped << " (" << problem.rows() << " rows of " << problem.n
-       << (problem.inner > 1 ? ", strided by " + std::to_string(problem.inner) : std::string()) << "), "
-       << dtype_name(problem.in_dtype);
-  if (problem.rows() * problem.n == 0) {
-    text << ": empty, nothing is launched.";
-    return text.str();
-  }
+  // std::string, not iostreams: see describe_plan in softmax_dispatch.cpp.
+  using std::to_string;
+  std::string text = op + " of shape [";
+  for (int64_t d = 0; d < rank; ++d) text += (d ? ", " : "") + to_string(shape[d]);
+  text += "] over dim " + to_string(wrapped) + " (" + to_string(problem.rows()) + " rows of " + to_string(problem.n) +
+          (problem.inner > 1 ? ", strided by " + to_string(problem.inner) : std::string()) + "), " +
+          dtype_name(problem.in_dtype);
+  if (problem.rows() * problem.n == 0) return text + ": empty, nothing is launched.";
   const bool has_device = c10::cuda::device_count() > 0;
   const DeviceProps props = has_device ? device_props(c10::cuda::current_device()) : DeviceProps{};
-  text << " on " << props.name << " (" << props.sm_count << " SMs, " << props.l2_bytes / (1024 * 1024)
-       << " MB L2, " << props.smem_per_block_optin / 1024 << " KB shared memory per block, "
-       << props.max_threads_per_sm << " threads per SM, sm_" << props.cc_major << props.cc_minor << ")";
+  text += " on " + props.name + " (" + to_string(props.sm_count) + " SMs, " +
+          to_string(props.l2_bytes / (1024 * 1024)) + " MB L2, " + to_string(props.smem_per_block_optin / 1024) +
+          " KB shared memory per block, " + to_string(props.max_threads_per_sm) + " threads per SM, sm_" +
+          to_string(props.cc_major) + to_string(props.cc_minor) + ")";
   SoftmaxRequest request;
   request.problem = problem;
   request.forced = kernel_override(family_of(backward));
   const SoftmaxChoice choice = choose_softmax_kernel(request, props);
-  if (!choice.error.empty()) {
-    text << ": " << choice.error << ".";
-    return text.str();
-  }
-  text << ":\n  kernel " << describe_plan(choice.plan) << "\n  why: "
-       << (request.forced.empty() ? choice.reason : "forced with softmax_ops.force_kernel / set_kernel");
-  if (!request.forced.empty() && !choice.reason.empty() && choice.reason != "forced") text << " (" << choice.reason << ")";
-  return text.str();
+  if (!choice.error.empty()) return text + ": " + choice.error + ".";
+  text += ":\n  kernel " + describe_plan(choice.plan) + "\n  why: " +
+          (request.forced.empty() ? choice.reason : "forced with softmax_ops.force_kernel / set_kernel");
+  return text;
 }
 
 const bool kFamiliesRegistered = [] {

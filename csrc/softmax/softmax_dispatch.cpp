@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <sstream>
 #include <tuple>
 
 namespace softmax_ops {
@@ -97,15 +96,9 @@ int64_t pow2_floor(int64_t v) {
 }
 
 std::string kib(int64_t bytes) {
-  std::ostringstream s;
-  if (bytes >= 1024 * 1024) {
-    s << (bytes + 512 * 1024) / (1024 * 1024) << " MB";
-  } else if (bytes >= 1024) {
-    s << (bytes + 512) / 1024 << " KB";
-  } else {
-    s << bytes << " B";
-  }
-  return s.str();
+  if (bytes >= 1024 * 1024) return std::to_string((bytes + 512 * 1024) / (1024 * 1024)) + " MB";
+  if (bytes >= 1024) return std::to_string((bytes + 512) / 1024) + " KB";
+  return std::to_string(bytes) + " B";
 }
 
 // Per-problem quantities every rule reads.
@@ -481,31 +474,33 @@ std::vector<std::string> softmax_kernel_names() {
   return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
 }
 
+// Text is built with std::string and std::to_string, not iostreams: on the GPU machine (torch 2.11, GCC 13)
+// a std::ostringstream << integer inside the extension crashed (reported to the lead).
 std::string describe_plan(const SoftmaxPlan& plan) {
-  std::ostringstream s;
-  s << softmax_kernel_name(plan.kernel) << ": " << plan.grid << " CTAs x " << plan.threads << " threads, "
-    << plan.vec << " element(s) per access";
+  using std::to_string;
+  std::string s = std::string(softmax_kernel_name(plan.kernel)) + ": " + to_string(plan.grid) + " CTAs x " +
+                  to_string(plan.threads) + " threads, " + to_string(plan.vec) + " element(s) per access";
   switch (plan.kernel) {
     case SoftmaxKernel::kWarp:
-      s << ", " << plan.lanes_per_row << " lane(s) per row, " << plan.reg_packs << " pack(s) per lane";
+      s += ", " + to_string(plan.lanes_per_row) + " lane(s) per row, " + to_string(plan.reg_packs) + " pack(s) per lane";
       break;
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:
-      if (plan.cluster > 1) s << ", clusters of " << plan.cluster << " CTAs per row";
-      s << ", " << plan.reg_packs << " pack(s) per thread in registers + " << plan.smem_packs
-        << " in shared memory (" << kib(static_cast<int64_t>(plan.smem_bytes)) << " dynamic)";
+      if (plan.cluster > 1) s += ", clusters of " + to_string(plan.cluster) + " CTAs per row";
+      s += ", " + to_string(plan.reg_packs) + " pack(s) per thread in registers + " + to_string(plan.smem_packs) +
+           " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       break;
     case SoftmaxKernel::kSplitRow:
-      s << ", " << plan.chunks << " chunks per row, 2 launches, " << kib(static_cast<int64_t>(plan.workspace_bytes))
-        << " workspace";
+      s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +
+           kib(static_cast<int64_t>(plan.workspace_bytes)) + " workspace";
       break;
     case SoftmaxKernel::kStrided:
-      s << " (" << plan.block_x << " across inner x " << plan.threads / plan.block_x << " along n)";
+      s += " (" + to_string(plan.block_x) + " across inner x " + to_string(plan.threads / plan.block_x) + " along n)";
       break;
     case SoftmaxKernel::kTwoPass:
       break;
   }
-  return s.str();
+  return s;
 }
 
 cudaError_t launch_softmax_plan(const SoftmaxProblem& problem, const SoftmaxPlan& plan, const SoftmaxPointers& ptrs,
