@@ -17,7 +17,11 @@ for stage in $stages; do
   case $stage in
     env) run env bash -c 'nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c "import torch,sys;print(sys.version);print(torch.__version__, torch.version.cuda, torch.cuda.get_device_name())"' 2>&1 | tee "$OUT/env.log" ;;
     build) run build bash -c 'time python3 -c "import softmax_ops, torch; print(softmax_ops.list_kernels(\"softmax\"), softmax_ops.list_kernels(\"topk\"))"' 2>&1 | tee "$OUT/build.log" | tail -40 ;;
-    test) run test bash -c "python3 -m pytest tests -q -x --timeout=900 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee $OUT/pytest.log | tail -60" ;;
+    probe) run probe python3 benchmarks/explain_probe.py 2>&1 | tee "$OUT/probe.log" | tail -40 ;;
+    # One pytest process per file: a crash in one file must not hide the results of the others.
+    test) for f in ${TEST_FILES:-tests/test_*.py}; do
+            run "test $f" bash -c "python3 -X faulthandler -m pytest $f -q --timeout=600 -p no:cacheprovider ${PYTEST_ARGS:-} 2>&1 | tee $OUT/pytest-$(basename $f .py).log | tail -${TEST_TAIL:-25}"
+          done ;;
     sanitize) run sanitize bash -c "compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_subset.py 2>&1 | tail -30 | tee $OUT/sanitize.log" ;;
     bench) run bench bash -c "python3 -m softmax_ops bench ${BENCH_ARGS:-} --json $OUT/bench.json 2>&1 | tee $OUT/bench.log | tail -120" ;;
     demo) run demo bash -c "python3 -m softmax_ops 2>&1 | tee $OUT/demo.log | tail -40" ;;

@@ -296,9 +296,9 @@ def check_backward(op: str, x: torch.Tensor, dim: int, dtype) -> None:
     }[op]
     ours = backward_op(grad, y, dim, x.dtype)
     assert ours.dtype == x.dtype and ours.shape == x.shape
-    # torch's own path: its backward kernel takes (float32 output, half input) or equal dtypes; any other
-    # pair is a cast in the forward, whose backward casts the gradient after the softmax backward.
-    half_to_float = y.dtype == torch.float32 and x.dtype in (torch.float16, torch.bfloat16)
+    # torch's own path: its backward kernel takes (float32 output, float16 input) or equal dtypes; any
+    # other pair (bfloat16 included) is a cast in the forward, whose backward casts the gradient after.
+    half_to_float = y.dtype == torch.float32 and x.dtype == torch.float16
     if y.dtype == x.dtype or half_to_float:
         torch_own = torch_backward(grad, y, dim, x.dtype)
     else:
@@ -551,4 +551,4 @@ def test_more_than_2_pow_31_elements(shape, kernel):
     tail = slice(shape[1] - (1 << 16), shape[1])
     ref = torch.softmax(last.double(), 0)[tail]
     assert_within_2x_torch(out[-1, tail], torch.softmax(last, 0, dtype=torch.float32)[tail], ref)
-    assert abs(out[-1].double().sum().item() - 1.0) < 1e-4
+    assert abs(out[-1].double().sum().item() - 1.0) < 1e-3  # a lost or doubled chunk would be >= 1e-2

@@ -223,7 +223,7 @@ SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool for
   plan.chunks = ceil_div(g.n_packs, chunk_packs);  // no empty chunk (launch.cu recomputes chunk_packs)
   plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(chunk_packs, 32), 32, Heuristics::kSplitThreads));
   plan.grid = std::min(g.rows * plan.chunks, grid_cap(props, plan.threads));
-  const int64_t acc_bytes = (g.streams == 1 ? 2 : 1) * (g.in_bytes == 8 ? 8 : 4);  // MaxSum or a sum
+  const int64_t acc_bytes = g.streams == 1 ? 2 * (g.in_bytes == 8 ? 8 : 4) : 8;  // MaxSum<C> or a double sum
   plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * acc_bytes);
   return plan;
 }

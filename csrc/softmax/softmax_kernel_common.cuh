@@ -5,8 +5,9 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <set>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -180,16 +181,20 @@ cudaError_t dispatch_vec(int vec, F&& fn) {
 using RegPackBuckets = std::integer_sequence<int, 1, 2, 4, 8>;
 
 // Launch with dynamic shared memory above the 48 KB default: the opt-in must be set per function, per
-// device. It is set once to the device's maximum (the launch still requests only what it uses), so
-// racing host threads all write the same value and no launch can see a smaller limit than it needs.
+// device. It is set once per (kernel, device) to the device's maximum (the launch still requests only what
+// it uses), so racing host threads all write the same value and no launch sees a smaller limit than it
+// needs. Keyed by the kernel's address: instantiations of one signature share a function-pointer type.
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (bytes <= 48 * 1024) return cudaSuccess;
-  static std::atomic<bool> configured[64];  // zero-initialised (static storage)
+  static std::mutex mutex;
+  static std::set<std::pair<const void*, int>> configured;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  if (device < 64 && configured[device].load(std::memory_order_acquire)) return cudaSuccess;
+  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  std::lock_guard<std::mutex> lock(mutex);
+  if (configured.count(key) != 0) return cudaSuccess;
   int optin = 0;
   err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   if (err != cudaSuccess) return err;
@@ -198,7 +203,7 @@ cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
   if (err != cudaSuccess) return err;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              optin - static_cast<int>(attributes.sharedSizeBytes));
-  if (err == cudaSuccess && device < 64) configured[device].store(true, std::memory_order_release);
+  if (err == cudaSuccess) configured.insert(key);
   return err;
 }
 

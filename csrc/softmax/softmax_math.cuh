@@ -1,5 +1,5 @@
 // The math of the softmax family, separated from memory access (OneFlow's functor idea): every kernel
-// body in the softmax_*_kernel.cuh headers is written once against this "row op" interface and
+// body in the kernel headers (softmax_*_kernel*.cuh) is written once against this "row op" interface and
 // instantiated for forward (softmax / log_softmax) and backward (softmax_backward / log_softmax_backward).
 //
 // A row op provides:
@@ -19,7 +19,7 @@
 namespace softmax_ops::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2eLow = 1.925963033500011e-08f;  // log2(e) - kLog2e
 
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -27,49 +27,62 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
-// Exponentials relative to a row maximum m, computed against a "base" exponent.
-// float: base = m * log2(e) (rounded once, always by the same expression, so every partial sum of a row
-// agrees on it) and exp(x - m) is 2^(fma(x, log2e, -base)): one FFMA + one MUFU per element (cheaper
-// than __expf(x - m), which is FADD + FMUL + MUFU, and one rounding instead of two in the argument, i.e.
-// torch's accuracy). The factor 2^(m*log2e - base) this introduces is common to every element and to the
-// sum, so it cancels in softmax; log_softmax removes it exactly in log_sum (fma gives the residual).
-// double: base = m, plain exp/log (fp64 math for fp64 inputs, DESIGN.md §3).
+// Exponentials relative to a row maximum m: exp_from(x, m) = exp(x - m), log_sum(sum) = log(sum).
+// float: exp(d) = 2^(d * log2 e) with d = x - m (rounded once, as torch's expf(x - max)): FADD + FMUL +
+// MUFU.EX2. The product's rounding is relative to |d * log2 e|, so it stays below 1e-7 relative for the
+// large probabilities that dominate the error (d in [-3, 0]); for small ones it is tiny in absolute terms.
+// (An earlier fma(x, log2e, -m * log2e) form saved the FADD but, once the compiler contracted m * log2e
+// differently in two places, made fp32 errors 5-10x torch's.) At x == max the argument is exactly 0: a
+// row's maximum contributes exactly 1, so a one-element row gives exactly 1 and 0, as torch.
+// double: plain exp/log (fp64 math for fp64 inputs, DESIGN.md §3).
 template <typename C>
 struct ExpMath;
 
 template <>
 struct ExpMath<float> {
-  static __device__ __forceinline__ float base_of(float m) { return m * kLog2e; }
-  static __device__ __forceinline__ float exp_from(float x, float base) {
-    return ex2_approx(fmaf(x, kLog2e, -base));
+  static __device__ __forceinline__ float exp_from(float x, float m) {
+    return ex2_approx(__fsub_rn(x, m) * kLog2e);
   }
-  // Converts a sum taken against base `from` to base `to`.
-  static __device__ __forceinline__ float rebase(float from, float to) { return ex2_approx(from - to); }
-  // log of sum_i exp(x_i - m), given the sum against base: log1pf is not replaced by an approximation
-  // under --use_fast_math (logf is), and runs once per row.
-  static __device__ __forceinline__ float log_sum(float sum, float m, float base) {
-    return log1pf(sum - 1.0f) - fmaf(m, kLog2e, -base) * kLn2;
-  }
-  static __device__ __forceinline__ float exp(float y) { return ex2_approx(y * kLog2e); }
+  // log1pf is not replaced by an approximation under --use_fast_math (logf is); once per row.
+  static __device__ __forceinline__ float log_sum(float sum) { return log1pf(sum - 1.0f); }
   static __device__ __forceinline__ float reciprocal(float d) { return __frcp_rn(d); }
+  // exp(y) for any y (log_softmax_backward's exp(output)), with range reduction: 2^j * 2^r, r in
+  // [-0.5, 0.5] computed from a two-part log2(e), so even for y = -80 only MUFU.EX2's ~2 ulp remain.
+  static __device__ __forceinline__ float exp(float y) {
+    if (!(y > -104.0f)) return y != y ? y : 0.0f;  // exp(-104) rounds to 0; -inf gives 0; NaN stays NaN
+    y = fminf(y, 128.0f);                            // exp(89) is already inf
+    const float j = rintf(y * kLog2e);
+    const float r = fmaf(y, kLog2eLow, fmaf(y, kLog2e, -j));
+    return ldexpf(ex2_approx(r), static_cast<int>(j));
+  }
 };
 
 template <>
 struct ExpMath<double> {
-  static __device__ __forceinline__ double base_of(double m) { return m; }
-  static __device__ __forceinline__ double exp_from(double x, double base) { return ::exp(x - base); }
-  static __device__ __forceinline__ double rebase(double from, double to) { return ::exp(from - to); }
-  static __device__ __forceinline__ double log_sum(double sum, double, double) { return ::log(sum); }
-  static __device__ __forceinline__ double exp(double y) { return ::exp(y); }
+  static __device__ __forceinline__ double exp_from(double x, double m) { return ::exp(x - m); }
+  static __device__ __forceinline__ double log_sum(double sum) { return ::log(sum); }
   static __device__ __forceinline__ double reciprocal(double d) { return __drcp_rn(d); }
+  static __device__ __forceinline__ double exp(double y) { return ::exp(y); }
 };
+
+// NaN-propagating max: one max.NaN instruction for float (sm_80+), nan_max's compare-select otherwise.
+__device__ __forceinline__ float row_max(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return nan_max(a, b);
+#endif
+}
+__device__ __forceinline__ double row_max(double a, double b) { return nan_max(a, b); }
 
 template <typename C>
 __device__ __forceinline__ C negative_infinity() {
   return -static_cast<C>(INFINITY);
 }
 
-// softmax / log_softmax forward. Acc is the online (max, sum) state; sum is taken against base_of(max).
+// softmax / log_softmax forward. Acc is the online (max, sum) state: sum of exp(x - max).
 template <typename In_, typename Out_>
 struct ForwardOp {
   using In = In_;
@@ -80,7 +93,6 @@ struct ForwardOp {
   using Acc = MaxSum<C>;
   struct Row {
     C max;
-    C base;
     C inv_sum;
     C log_sum;
   };
@@ -96,40 +108,39 @@ struct ForwardOp {
   template <typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
     C chunk_max = negative_infinity<C>();
-    visit([&](const C* v) { chunk_max = nan_max(chunk_max, v[0]); });
+    visit([&](const C* v) { chunk_max = row_max(chunk_max, v[0]); });
     // All -inf (or padding): nothing to add. A NaN compares false and goes on to poison the sum.
     if (chunk_max == negative_infinity<C>()) return acc;
     const C m = nan_max(acc.max, chunk_max);
-    const C base = Exp::base_of(m);
-    // exp2(-inf) = 0 covers the empty running state; the factor is exactly 1 when the max did not move.
-    C sum = acc.sum * Exp::rebase(Exp::base_of(acc.max), base);
-    visit([&](const C* v) { sum += Exp::exp_from(v[0], base); });
-    return {m, sum};
+    // The chunk is summed on its own first: a long row then adds one chunk sum at a time to the running
+    // sum, not thousands of terms far below its ulp (which would be lost, biasing the sum low).
+    C chunk_sum = C(0);
+    visit([&](const C* v) { chunk_sum += Exp::exp_from(v[0], m); });
+    // exp(-inf) = 0 covers the empty running state; the factor is exactly 1 when the max did not move.
+    return {m, acc.sum * Exp::exp_from(acc.max, m) + chunk_sum};
   }
 
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) {
     const C m = nan_max(a.max, b.max);
-    const C base = Exp::base_of(m);
     // An empty side (sum 0, max -inf) contributes 0 even when the other max is -inf too (no inf - inf).
-    const C sa = a.sum == C(0) ? C(0) : a.sum * Exp::rebase(Exp::base_of(a.max), base);
-    const C sb = b.sum == C(0) ? C(0) : b.sum * Exp::rebase(Exp::base_of(b.max), base);
+    const C sa = a.sum == C(0) ? C(0) : a.sum * Exp::exp_from(a.max, m);
+    const C sb = b.sum == C(0) ? C(0) : b.sum * Exp::exp_from(b.max, m);
     return {m, sa + sb};
   }
 
-  // An all -inf row ends as (-inf, 0): base -inf, 1/0 = inf and exp(-inf - -inf) = NaN give NaN, which is
-  // torch's answer. A NaN or +inf anywhere makes the sum NaN, and so every output (torch's answer too).
+  // An all -inf row ends as (-inf, 0): 1/0 = inf and exp(-inf - -inf) = NaN give NaN, which is torch's
+  // answer. A NaN or +inf anywhere makes the sum NaN, and so every output (torch's answer too).
   __device__ __forceinline__ Row finalize(Acc acc) const {
     Row row;
     row.max = acc.max;
-    row.base = Exp::base_of(acc.max);
     row.inv_sum = Exp::reciprocal(acc.sum);
-    row.log_sum = log ? Exp::log_sum(acc.sum, acc.max, row.base) : C(0);
+    row.log_sum = log ? Exp::log_sum(acc.sum) : C(0);
     return row;
   }
 
   __device__ __forceinline__ Out apply(const Row& row, const C* v) const {
     // Same association as torch's epilogues: exp(x - max) * (1 / sum) and (x - max) - log(sum).
-    const C y = log ? (v[0] - row.max) - row.log_sum : Exp::exp_from(v[0], row.base) * row.inv_sum;
+    const C y = log ? (v[0] - row.max) - row.log_sum : Exp::exp_from(v[0], row.max) * row.inv_sum;
     return convert<Out>(y);
   }
 };
@@ -137,6 +148,11 @@ struct ForwardOp {
 // softmax_backward / log_softmax_backward. Streams: v[0] = grad_output, v[1] = output.
 //   softmax:     grad_input = y * (g - sum(g * y))
 //   log_softmax: grad_input = g - exp(y) * sum(g)
+// The sum is accumulated in double whatever the input: log_softmax_backward multiplies it by exp(y), so its
+// error reaches the result amplified by up to |sum(g)| ~ sqrt(n); an fp32 sum of 1e5 terms is only as good
+// as torch's own, which made "within 2x of torch's error" a coin toss per input (measured on H200,
+// n = 45052 / 100003). Products of two floats are exact in double; the conversions and DADDs cost nothing
+// next to the memory traffic (~1 element per SM clock at full bandwidth).
 template <typename In_, typename Out_>
 struct BackwardOp {
   using In = In_;
@@ -144,7 +160,7 @@ struct BackwardOp {
   using C = compute_t<In>;
   using Exp = ExpMath<C>;
   static constexpr int kStreams = 2;
-  using Acc = C;
+  using Acc = double;
   struct Row {
     C sum;
   };
@@ -152,20 +168,21 @@ struct BackwardOp {
   bool log;
 
   static __device__ __forceinline__ C pad(int) { return C(0); }
-  static __device__ __forceinline__ Acc identity() { return C(0); }
+  static __device__ __forceinline__ Acc identity() { return 0.0; }
 
   template <typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
+    double chunk_sum = 0.0;  // see ForwardOp::accumulate
     if (log) {
-      visit([&](const C* v) { acc += v[0]; });
+      visit([&](const C* v) { chunk_sum += static_cast<double>(v[0]); });
     } else {
-      visit([&](const C* v) { acc += v[0] * v[1]; });
+      visit([&](const C* v) { chunk_sum += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
     }
-    return acc;
+    return acc + chunk_sum;
   }
 
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) { return a + b; }
-  __device__ __forceinline__ Row finalize(Acc acc) const { return {acc}; }
+  __device__ __forceinline__ Row finalize(Acc acc) const { return {static_cast<C>(acc)}; }
 
   __device__ __forceinline__ Out apply(const Row& row, const C* v) const {
     const C y = log ? v[0] - Exp::exp(v[1]) * row.sum : v[1] * (v[0] - row.sum);

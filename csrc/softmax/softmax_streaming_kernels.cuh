@@ -29,31 +29,40 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
   constexpr int U = kStreamUnroll<Op, VEC>;
-  typename Op::Acc acc = Op::identity();
-  for (int64_t first = begin + tid; first < end; first += static_cast<int64_t>(U) * threads) {
-    Pack<In, VEC> packs[S][U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t k = first + static_cast<int64_t>(u) * threads;
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        packs[s][u] = k < end ? load_vec<In, VEC>(in[s] + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
-      }
-    }
-    acc = op.accumulate(acc, [&](auto&& fn) {
+  // Steps are folded into a segment accumulator that is merged into the total every kSegmentSteps: the
+  // running sum of a thread that walks millions of elements stays short (accuracy, see accumulate).
+  constexpr int kSegmentSteps = 32;
+  const int64_t step = static_cast<int64_t>(U) * threads;
+  typename Op::Acc total = Op::identity();
+  for (int64_t segment = begin + tid; segment < end; segment += kSegmentSteps * step) {
+    typename Op::Acc acc = Op::identity();
+    const int64_t segment_end = min(end, segment + kSegmentSteps * step);
+    for (int64_t first = segment; first < segment_end; first += step) {
+      Pack<In, VEC> packs[S][U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
+        const int64_t k = first + static_cast<int64_t>(u) * threads;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          C v[S];
-#pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
-          fn(v);
+        for (int s = 0; s < S; ++s) {
+          packs[s][u] = k < end ? load_vec<In, VEC>(in[s] + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
         }
       }
-    });
+      acc = op.accumulate(acc, [&](auto&& fn) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            C v[S];
+#pragma unroll
+            for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
+            fn(v);
+          }
+        }
+      });
+    }
+    total = Op::merge(total, acc);
   }
-  return acc;
+  return total;
 }
 
 // Second pass over packs [begin, end): re-read (last use: evict-first), normalise, write.
@@ -180,7 +189,8 @@ __global__ void __launch_bounds__(kStreamingMaxThreads)
 //     blockDim.x == 32   (inner >= 32): a warp covers 32 consecutive i of one j
 //
 // The blockDim.y partial results per column are merged by a fixed tree in shared memory.
-constexpr int kStridedUnroll = 8;  // scalar loads in flight per thread and stream
+template <typename Op>
+constexpr int kStridedUnroll = 8 / Op::kStreams;  // scalar loads in flight per thread (all streams: 8)
 
 template <typename Op>
 __global__ void __launch_bounds__(kStreamingMaxThreads) softmax_strided_kernel(RowArgs<Op> args) {
@@ -188,7 +198,7 @@ __global__ void __launch_bounds__(kStreamingMaxThreads) softmax_strided_kernel(R
   using C = typename Op::C;
   using Acc = typename Op::Acc;
   constexpr int S = Op::kStreams;
-  constexpr int U = kStridedUnroll;
+  constexpr int U = kStridedUnroll<Op>;
   __shared__ Acc tree[kStreamingMaxThreads];
   const Op op = args.op;
   const int64_t n = args.n;
