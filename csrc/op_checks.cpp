@@ -2,6 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <string>
+
+#include "softmax_ops/text.h"
+
 namespace softmax_ops {
 
 static bool is_supported_float(at::ScalarType t) {
@@ -15,9 +19,10 @@ void check_floating(const at::Tensor& t, const char* op, const char* arg) {
 
 int64_t wrap_dim(const at::Tensor& self, int64_t dim, const char* op) {
   const int64_t ndim = std::max<int64_t>(self.dim(), 1);  // 0-d behaves like 1-d for dim wrapping
-  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.", op, ": dim (got ", dim,
-                    ") is out of range for a tensor with ", self.dim(), " dimensions (expected in [", -ndim,
-                    ", ", ndim - 1, "])");
+  // Numbers go through std::to_string, never an iostream (see text.h).
+  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.", op, ": dim (got ", std::to_string(dim),
+                    ") is out of range for a tensor with ", std::to_string(self.dim()),
+                    " dimensions (expected in [", std::to_string(-ndim), ", ", std::to_string(ndim - 1), "])");
   return dim < 0 ? dim + ndim : dim;
 }
 
@@ -49,8 +54,9 @@ at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dt
 
 int64_t check_topk_k(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {
   const int64_t n = self.dim() == 0 ? 1 : self.size(wrapped_dim);
-  TORCH_CHECK_VALUE(k >= 1 && k <= n, "softmax_ops.fused_topk: k (got ", k,
-                    ") must be in [1, N] where N = ", n, " is the size of dim ", wrapped_dim);
+  TORCH_CHECK_VALUE(k >= 1 && k <= n, "softmax_ops.fused_topk: k (got ", std::to_string(k),
+                    ") must be in [1, N] where N = ", std::to_string(n), " is the size of dim ",
+                    std::to_string(wrapped_dim));
   return n;
 }
 
@@ -61,10 +67,10 @@ void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor
   TORCH_CHECK_TYPE(is_supported_float(input_dtype), "softmax_ops.", op,
                    ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
   TORCH_CHECK(grad_output.device() == output.device(), "softmax_ops.", op,
-              ": grad_output and output must be on the same device, got ", grad_output.device(), " and ",
-              output.device());
+              ": grad_output and output must be on the same device, got ", grad_output.device().str(), " and ",
+              output.device().str());
   TORCH_CHECK_VALUE(grad_output.sizes() == output.sizes(), "softmax_ops.", op, ": grad_output shape ",
-                    grad_output.sizes(), " must equal output shape ", output.sizes());
+                    shape_str(grad_output.sizes()), " must equal output shape ", shape_str(output.sizes()));
 }
 
 void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
@@ -76,15 +82,17 @@ void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& s
   for (const at::Tensor* t : {&grad_values, &values, &indices}) {
     TORCH_CHECK(t->device() == self.device(),
                 "softmax_ops.fused_topk_backward: grad_values, values and indices must be on self's device ",
-                self.device(), ", got ", t->device());
+                self.device().str(), ", got ", t->device().str());
   }
   TORCH_CHECK_VALUE(grad_values.sizes() == indices.sizes() && values.sizes() == indices.sizes(),
-                    "softmax_ops.fused_topk_backward: grad_values ", grad_values.sizes(), ", values ",
-                    values.sizes(), " and indices ", indices.sizes(), " must have the same shape");
+                    "softmax_ops.fused_topk_backward: grad_values ", shape_str(grad_values.sizes()), ", values ",
+                    shape_str(values.sizes()), " and indices ", shape_str(indices.sizes()),
+                    " must have the same shape");
   const int64_t k = indices.dim() == 0 ? 1 : indices.size(wrapped_dim);
   TORCH_CHECK_VALUE(topk_output_shape(self, wrapped_dim, k) == indices.sizes().vec(),
-                    "softmax_ops.fused_topk_backward: indices shape ", indices.sizes(),
-                    " does not match self shape ", self.sizes(), " with dim ", wrapped_dim, " of size k");
+                    "softmax_ops.fused_topk_backward: indices shape ", shape_str(indices.sizes()),
+                    " does not match self shape ", shape_str(self.sizes()), " with dim ", std::to_string(wrapped_dim),
+                    " of size k");
 }
 
 std::vector<int64_t> topk_output_shape(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {

@@ -10,6 +10,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <string>
 #include <functional>
 #include <numeric>
 #include <tuple>
@@ -219,8 +220,8 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_backward_rows(const T* x, const acc
 void check_indices_in_range(const at::Tensor& contiguous_indices, int64_t n) {
   const int64_t* idx = contiguous_indices.const_data_ptr<int64_t>();
   for (int64_t i = 0, count = contiguous_indices.numel(); i < count; ++i) {
-    TORCH_CHECK_INDEX(idx[i] >= 0 && idx[i] < n, "softmax_ops.fused_topk_backward: index ", idx[i],
-                      " in indices is out of range for a dim of size ", n);
+    TORCH_CHECK_INDEX(idx[i] >= 0 && idx[i] < n, "softmax_ops.fused_topk_backward: index ", std::to_string(idx[i]),
+                      " in indices is out of range for a dim of size ", std::to_string(n));
   }
 }
 

@@ -64,7 +64,7 @@ bool rows_are_vector_aligned(const void* ptr, int64_t n, DType dtype) {
 
 void check_row_length(int64_t n, const char* op) {
   TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "softmax_ops.", op,
-                    ": rows longer than 2^31 - 1 elements are not supported on CUDA (N = ", n, ")");
+                    ": rows longer than 2^31 - 1 elements are not supported on CUDA (N = ", std::to_string(n), ")");
 }
 
 void launch_plan(const TopkProblem& problem, TopkPlan plan, const at::Tensor& input, at::Tensor& values,

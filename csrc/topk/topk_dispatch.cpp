@@ -1,14 +1,15 @@
 // The fused_topk dispatcher: ONE heuristics table, the choice, forced kernels, explain() and the
 // registration of the "topk" and "topk_backward" kernel families.
 #include "topk_dispatch.h"
+#include "softmax_ops/text.h"
 
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <string>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <vector>
 
 #include "softmax_ops/kernel_registry.h"
@@ -77,7 +78,7 @@ int backward_threads(int64_t n, DType dtype) {
 
 // "" when `kernel` can run the problem, else why not.
 std::string unsupported_reason(TopkKernel kernel, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
-  std::ostringstream why;
+  Text why;
   if (kernel == TopkKernel::kWarp && n > warp_max_n(dtype)) {
     why << "N=" << n << " exceeds the " << warp_max_n(dtype) << " values a warp holds in registers (32 lanes x "
         << warp_slots_per_lane(dtype) << ")";
@@ -133,7 +134,7 @@ TopkBackwardPlan backward_plan_for(TopkBackwardKernel kernel, int64_t rows, int6
 }
 
 std::string device_line(const TopkDeviceProps& props) {
-  std::ostringstream out;
+  Text out;
   if (props.assumed) {
     out << "no CUDA device visible: assuming an " << props.name << " (" << props.sm_count << " SMs, "
         << props.l2_bytes / (1024 * 1024) << " MB L2, " << props.smem_per_block_optin / 1024
@@ -177,8 +178,8 @@ DType dtype_of(c10::ScalarType t) {
 // rows and N of a tensor of `shape` reduced over `dim` (0-d: one row of one element).
 std::pair<int64_t, int64_t> rows_and_n(const std::string& op, const std::vector<int64_t>& shape, int64_t dim) {
   const int64_t ndim = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
-  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.explain: dim (got ", dim, ") is out of range for ",
-                    op, " of a ", shape.size(), "-d shape");
+  TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.explain: dim (got ", std::to_string(dim),
+                    ") is out of range for ", op, " of a ", std::to_string(shape.size()), "-d shape");
   if (shape.empty()) return {1, 1};
   const int64_t wrapped = dim < 0 ? dim + ndim : dim;
   int64_t numel = 1;
@@ -188,7 +189,7 @@ std::pair<int64_t, int64_t> rows_and_n(const std::string& op, const std::vector<
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream out;
+  Text out;
   out << "(";
   for (size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
   out << (shape.size() == 1 ? ",)" : ")");
@@ -200,9 +201,9 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
   const DType in = dtype_of(dtype);
   const auto [rows, n] = rows_and_n(op, shape, dim);
   TORCH_CHECK_VALUE(k >= 1 && k <= std::max<int64_t>(n, 1), "softmax_ops.explain: fused_topk needs k in [1, N] (N = ",
-                    n, "), got k=", k, " (pass k=...)");
+                    std::to_string(n), "), got k=", std::to_string(k), " (pass k=...)");
   const TopkDeviceProps& props = topk_device_props();
-  std::ostringstream out;
+  Text out;
   out << op << " of shape " << shape_text(shape) << " " << dtype_name(in) << ", k=" << k << ", dim=" << dim << " ("
       << rows << (rows == 1 ? " row" : " rows") << " of N=" << n << "): ";
   std::string why;
@@ -237,7 +238,7 @@ std::string explain_topk_backward(const std::string& op, const std::vector<int64
   const TopkDeviceProps& props = topk_device_props();
   std::string why;
   const TopkBackwardPlan plan = resolve_topk_backward_plan(rows, n, in, props, &why);
-  std::ostringstream out;
+  Text out;
   out << op << " of shape " << shape_text(shape) << " " << dtype_name(in) << ", dim=" << dim << " (" << rows
       << (rows == 1 ? " row" : " rows") << " of N=" << n << "): kernel '" << topk_backward_kernel_name(plan.kernel) << "' (" << plan.threads
       << " threads per CTA";
@@ -296,7 +297,7 @@ const TopkDeviceProps& topk_device_props() {
 
 TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
                             std::string* why) {
-  std::ostringstream reason;
+  Text reason(why != nullptr);  // described only when asked: this runs on every call
   TopkKernel kernel;
   if (n <= warp_max_n(dtype) && k <= kHeuristics.warp_max_k) {
     kernel = TopkKernel::kWarp;
@@ -330,7 +331,7 @@ TopkBackwardPlan choose_topk_backward_kernel(int64_t rows, int64_t n, DType dtyp
   const bool split = rows < kHeuristics.block_min_rows_per_sm * props.sm_count &&
                      n >= 2 * kHeuristics.backward_min_chunk;
   if (why != nullptr) {
-    std::ostringstream reason;
+    Text reason;
     if (split) {
       reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM and N=" << n
              << ": each row is split into chunks";
@@ -352,7 +353,7 @@ TopkPlan resolve_topk_plan(int64_t rows, int64_t n, int64_t k, DType dtype, cons
   const auto kernel = static_cast<TopkKernel>(it - std::begin(kTopkNames));
   const std::string reason = unsupported_reason(kernel, n, k, dtype, props);
   TORCH_CHECK_VALUE(reason.empty(), "softmax_ops.fused_topk: the forced kernel '", forced,
-                    "' (softmax_ops.force_kernel) cannot handle N=", n, ", k=", k, ": ", reason);
+                    "' (softmax_ops.force_kernel) cannot handle N=", std::to_string(n), ", k=", std::to_string(k), ": ", reason);
   if (why != nullptr) *why = "forced with softmax_ops.force_kernel(\"topk\", \"" + forced + "\")";
   return plan_for(kernel, rows, n, k, dtype, props, true);
 }
