@@ -74,7 +74,7 @@ def separated_rows(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0)
     top = min(k + 1, n)
     for row in x:
         row[torch.randperm(n, generator=generator)[:top]] = 4.25 + 0.25 * torch.randperm(
-            top, generator=generator
+            top, generator=generator, dtype=torch.float64
         )
     return x.to(dtype).cuda()
 
