@@ -98,7 +98,7 @@ def fused_topk_fake(
     wrapped = _wrap_dim(x, dim, "fused_topk")
     n = x.shape[wrapped] if x.dim() > 0 else 1
     torch._check_value(
-        1 <= k and k <= n,
+        1 <= k <= n,
         lambda: f"softmax_ops.fused_topk: k (got {k}) must be in [1, N] where N = {n} is the size of dim "
         f"{wrapped}",
     )
@@ -121,7 +121,7 @@ def fused_topk_backward_fake(
         indices.dtype == torch.int64,
         lambda: f"softmax_ops.fused_topk_backward: indices must be int64, got {indices.dtype}",
     )
-    wrapped = _wrap_dim(x, dim, "fused_topk_backward")
+    _wrap_dim(x, dim, "fused_topk_backward")
     torch._check(
         grad_values.shape == indices.shape and values.shape == indices.shape,
         lambda: "softmax_ops.fused_topk_backward: grad_values, values and indices must have the same shape",

@@ -33,7 +33,7 @@ def csrc_dir() -> Path:
     spec = importlib.util.find_spec("softmax_ops.csrc")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("softmax_ops: cannot find the C++ sources (package softmax_ops.csrc is missing)")
-    return Path(list(spec.submodule_search_locations)[0])
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def cuda_build_enabled() -> tuple[bool, str]:

@@ -46,3 +46,15 @@ def assert_within_2x_torch(ours: torch.Tensor, torch_own: torch.Tensor, referenc
     scale = max(1.0, ref64[ok].abs().max().item()) if ok.any() else 1.0  # log_softmax values can be large
     bound = 2 * torch_err + abs_floor(ours.dtype) * scale
     assert our_err <= bound, f"max error {our_err:.3e} > bound {bound:.3e} (torch's own error {torch_err:.3e})"
+
+
+def topk_reference(x: torch.Tensor, k: int, dim: int, renormalize: bool, dtype: torch.dtype | None = None):
+    """Independent reference: a stable descending sort of the float64 logits (NaN first, ties to the lower
+    index) and the float64 softmax gathered at those indices."""
+    cast = x.to(dtype) if dtype is not None else x
+    logits = cast.double().cpu()
+    indices = torch.sort(logits, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
+    values = torch.softmax(logits, dim).gather(dim, indices)
+    if renormalize:
+        values = values / values.sum(dim, keepdim=True)
+    return values, indices

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda
+from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda, topk_reference
 
 import softmax_ops
 
@@ -79,17 +79,6 @@ def separated_rows(rows: int, n: int, k: int, dtype: torch.dtype, seed: int = 0)
     return x.to(dtype).cuda()
 
 
-def reference(x: torch.Tensor, k: int, dim: int, renormalize: bool, dtype: torch.dtype | None = None):
-    """float64 values and indices of topk(softmax(x, dim, dtype)), ties to the lower index, NaN first."""
-    cast = x.to(dtype) if dtype is not None else x
-    logits = cast.double().cpu()
-    indices = torch.sort(logits, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
-    values = torch.softmax(logits, dim).gather(dim, indices)
-    if renormalize:
-        values = values / values.sum(dim, keepdim=True)
-    return values, indices
-
-
 def torch_topk(x: torch.Tensor, k: int, dim: int, renormalize: bool, dtype: torch.dtype | None = None):
     """What eager torch computes (same device, same dtype): the "torch's own error" side of the bound."""
     values = torch.topk(torch.softmax(x, dim, dtype=dtype), k, dim).values
@@ -111,7 +100,7 @@ def assert_valid_indices(indices: torch.Tensor, n: int) -> None:
 
 def check_topk(x, k, dim, renormalize, dtype=None):
     values, indices = softmax_ops.fused_topk(x, k, dim, renormalize, dtype)
-    ref_values, ref_indices = reference(x, k, dim, renormalize, dtype)
+    ref_values, ref_indices = topk_reference(x, k, dim, renormalize, dtype)
     assert values.dtype == (dtype or x.dtype) and indices.dtype == torch.int64
     assert values.is_contiguous() and indices.is_contiguous()
     assert torch.equal(indices.cpu(), ref_indices)
@@ -208,7 +197,7 @@ def test_forced_kernel_special_values(kernel, dtype, renormalize):
                 continue
             with softmax_ops.force_kernel("topk", kernel):
                 values, indices = softmax_ops.fused_topk(x, k, -1, renormalize)
-            ref_values, ref_indices = reference(x, k, -1, renormalize)
+            ref_values, ref_indices = topk_reference(x, k, -1, renormalize)
             assert_valid_indices(indices, n)
             assert torch.equal(indices.cpu(), ref_indices)
             assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
@@ -279,7 +268,7 @@ def test_router_shapes_automatic_choice(shape, k, dtype):
     x = (torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 3).to(dtype).cuda()
     out_dtype = torch.float32 if dtype == torch.bfloat16 else None
     values, indices = softmax_ops.fused_topk(x, k, -1, True, out_dtype)
-    ref_values, _ = reference(x, k, -1, True, out_dtype)
+    ref_values, _ = topk_reference(x, k, -1, True, out_dtype)
     assert_valid_indices(indices[:64], shape[1])
     # Random bf16 logits can tie: compare the selected logits (and values) rather than positions.
     ref_logits = torch.topk(x.double().cpu(), k, -1).values
@@ -345,7 +334,7 @@ def test_rows_beyond_32_bit_element_offsets():
     for kernel in ("warp", "block"):
         with softmax_ops.force_kernel("topk", kernel):
             values, indices = softmax_ops.fused_topk(x, 8)
-        ref_values, ref_indices = reference(tail, 8, -1, False)
+        ref_values, ref_indices = topk_reference(tail, 8, -1, False)
         assert torch.equal(indices[-3:].cpu(), ref_indices)
         assert torch.equal(indices[0].cpu(), torch.arange(8))  # an all-equal row: the lowest indices
         assert torch.allclose(values[-3:].double().cpu(), ref_values, atol=1e-3)

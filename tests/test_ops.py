@@ -10,7 +10,7 @@ import math
 
 import pytest
 import torch
-from conftest import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_within_2x_torch, requires_cuda
+from conftest import DEVICES, FLOAT_DTYPES, HAS_CUDA, assert_within_2x_torch, requires_cuda, topk_reference
 
 import softmax_ops
 
@@ -165,18 +165,6 @@ TOPK_CASES = [  # (shape, k, dim)
 ]
 
 
-def topk_reference(x, k, dim, renormalize, dtype=None):
-    """Independent reference: a stable descending sort of the float64 logits (NaN first, ties to the lower
-    index) and the float64 softmax gathered at those indices."""
-    cast = x.to(dtype) if dtype is not None else x
-    logits = cast.double().cpu()
-    indices = torch.sort(logits, dim=dim, descending=True, stable=True).indices.narrow(dim, 0, k)
-    values = torch.softmax(logits, dim).gather(dim, indices)
-    if renormalize:
-        values = values / values.sum(dim, keepdim=True)
-    return values, indices
-
-
 def distinct_logits(shape, dim, dtype, device, seed=0):
     """Logits along dim that are a random permutation of an even grid over [-4, 4): distinct and well
     separated in float32/float64 (and in half dtypes for N up to ~256; beyond that ties may appear, which
@@ -279,7 +267,7 @@ def test_fused_topk_gradcheck(renormalize, device):
     # Well-separated logits so that the finite-difference steps never change the selection.
     for shape, k, dim in [((3, 7), 3, -1), ((2, 5, 3), 2, 1), ((4, 6), 6, -1)]:
         x = distinct_logits(shape, dim, torch.float64, device, seed=9).requires_grad_(True)
-        assert torch.autograd.gradcheck(lambda t: softmax_ops.fused_topk(t, k, dim, renormalize)[0], (x,))
+        assert torch.autograd.gradcheck(lambda t, k=k, dim=dim: softmax_ops.fused_topk(t, k, dim, renormalize)[0], (x,))
 
 
 @pytest.mark.parametrize("device", DEVICES)
