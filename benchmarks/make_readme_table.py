@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the markdown for the given result files."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", nargs="+", help="bench JSON files (benchmarks/results/*.json)")
+    parser.add_argument("--plot", metavar="PATH", help="also write the bench's PNG plot of these rows to PATH")
     args = parser.parse_args(argv)
     try:
         header, rows = load(args.results)
@@ -152,6 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"make_readme_table: {error}", file=sys.stderr)
         return 1
     sys.stdout.write(render(header, rows))
+    if args.plot:
+        from softmax_ops._bench_plot import MISSING_MATPLOTLIB, matplotlib_available, plot_rows
+
+        if not matplotlib_available():
+            print(f"make_readme_table: {MISSING_MATPLOTLIB}", file=sys.stderr)
+            return 1
+        plot_rows(rows, args.plot, f"softmax_ops on {header['gpu']} (torch {header['torch']})")
     return 0
 
 
