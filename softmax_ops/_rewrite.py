@@ -92,8 +92,32 @@ class GraphOutcome:
         return dict(collections.Counter(r.pattern for r in self.rewritten))
 
 
+# Every op a rewritten graph may call, forward and (when training) backward.
+_REWRITE_OPS = (
+    "softmax",
+    "log_softmax",
+    "fused_topk",
+    "softmax_backward",
+    "log_softmax_backward",
+    "fused_topk_backward",
+)
+
+
 def _op(kind: str) -> torch._ops.OpOverload:
     return getattr(torch.ops.softmax_ops, kind).default
+
+
+def has_kernels(device_type: str) -> bool:
+    """Whether the loaded extension implements every op a rewrite may insert on ``device_type``. A CPU-only
+    build (torch with CUDA but no nvcc, or ``SOFTMAX_OPS_BUILD_CUDA=0``) has no CUDA kernels: rewriting a CUDA
+    graph there would turn a working model into one that fails when it runs."""
+    try:
+        key = torch._C._dispatch_key_for_device(device_type)
+    except (RuntimeError, ValueError):
+        return False
+    return all(
+        torch._C._dispatch_has_kernel_for_dispatch_key(f"softmax_ops::{name}", key) for name in _REWRITE_OPS
+    )
 
 
 def _is_true(value: object) -> bool:
@@ -162,6 +186,8 @@ class _GraphRewriter:
                 f"{call.kind} on {device} not in SOFTMAX_OPS_DEVICES ({','.join(sorted(self.devices))})",
                 None,
             )
+        if not has_kernels(device):
+            return f"{call.kind} on {device}: the softmax_ops extension was built without {device} kernels", None
         if type(x) not in _PLAIN_TENSOR_TYPES:
             # DTensor, NestedTensor and other subclasses dispatch softmax their own way; our ops have no
             # rules for them.

@@ -6,9 +6,9 @@ chained after whatever pass was there. It runs for the default ``inductor`` back
 
 Caching: where ``torch._inductor.config.pre_grad_pass_timing`` exists (torch 2.14 measured) the pass runs
 after the FX-graph/AOTAutograd cache lookup and its ``uuid()`` is part of the cache key, so the uuid covers
-the pass's source, the package version, the enabled state, the devices and the uuid of a chained pass. On
-torch 2.11 the pass runs before the lookup, on every compilation, and the key is computed from the rewritten
-graph itself. Either way a graph cached with the pass off is never reused with it on, or the other way round.
+the pass's source, the package version, the enabled state, the devices (and which of them the extension has
+kernels for) and the uuid of a chained pass. On torch 2.11 the pass runs before the lookup, on every
+compilation, and the key is computed from the rewritten graph itself. Either way a graph cached with the pass off is never reused with it on, or the other way round.
 On newer torch a cache hit skips the pass, so ``compile_report()`` only counts graphs the pass ran on.
 
 ``disable()``/``enable()`` affect later compilations; already compiled functions keep their code until
@@ -30,7 +30,7 @@ import torch._inductor.config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from softmax_ops._compile_report import CompileReport, ReportRecorder
-from softmax_ops._rewrite import GraphOutcome, rewrite_graph
+from softmax_ops._rewrite import GraphOutcome, has_kernels, rewrite_graph
 
 log = logging.getLogger("softmax_ops")
 
@@ -124,6 +124,8 @@ class SoftmaxOpsGraphPass(CustomGraphPass):
                 _source_hash(),
                 "enabled" if _State.enabled else "disabled",
                 ",".join(sorted(active_devices())),
+                # A CPU-only build leaves CUDA graphs alone: its cached graphs must not serve a CUDA build.
+                ",".join(sorted(d for d in active_devices() if has_kernels(d))),
                 *chained_ids,
             ]
         )

@@ -464,6 +464,38 @@ return (getitem, getitem_1, log_softmax)""",
     ]
 
 
+def test_untouched_device_the_extension_has_no_kernels_for():
+    """A CPU-only build (torch with CUDA, no nvcc) must leave CUDA graphs alone, or the compiled model fails
+    at run time. XPU stands in for such a device: fake XPU tensors exist here, our kernels for XPU do not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from softmax_ops._rewrite import rewrite_graph
+
+    with FakeTensorMode():
+        x_value = torch.empty(4, 8, device="xpu")
+        p_value = torch.empty(4, 8, device="xpu")
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["example_value"] = x_value
+    p = graph.call_method("softmax", (x, -1))
+    p.meta["example_value"] = p_value
+    graph.output((p,))
+    outcome = rewrite_graph(graph, ["xpu"])
+    assert outcome.counts() == {}
+    assert [s.reason for s in outcome.skipped] == [
+        "softmax on xpu: the softmax_ops extension was built without xpu kernels"
+    ]
+
+
+def test_uuid_tracks_which_devices_have_kernels(monkeypatch):
+    from softmax_ops import compile_pass
+
+    ours = torch._inductor.config.pre_grad_custom_pass
+    with_kernels = ours.uuid()
+    monkeypatch.setattr(compile_pass, "has_kernels", lambda device: device == "cpu")  # a CPU-only build
+    assert ours.uuid() != with_kernels
+
+
 def test_untouched_symbolic_k():
     def fn(x):
         return torch.topk(x.softmax(-1), x.shape[-1] // 2)
