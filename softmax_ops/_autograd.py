@@ -41,8 +41,26 @@ def _fused_topk_backward(ctx, grad_values, _grad_indices):
     return grad, None, None, None, None
 
 
+def _no_double_backward(op: str):
+    """An autograd formula for a backward op that refuses to be differentiated. Without one, torch's fallback
+    for ops with no autograd kernel only warns and returns a wrong (incomplete) second derivative."""
+
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            f"softmax_ops.{op}: double backward is not supported (the gradient of a softmax_ops gradient); "
+            "use torch.softmax / torch.log_softmax / torch.topk for higher-order derivatives"
+        )
+
+    return backward
+
+
+def _nothing_to_save(ctx, inputs, output) -> None:
+    pass
+
+
 def register() -> None:
-    """Attach the backward formulas to softmax, log_softmax and fused_topk."""
+    """Attach the backward formulas to softmax, log_softmax and fused_topk, and make differentiating their
+    backward ops (double backward) raise instead of silently giving a wrong result."""
     torch.library.register_autograd(
         "softmax_ops::softmax", _softmax_backward, setup_context=_softmax_setup
     )
@@ -52,3 +70,7 @@ def register() -> None:
     torch.library.register_autograd(
         "softmax_ops::fused_topk", _fused_topk_backward, setup_context=_fused_topk_setup
     )
+    for op in ("softmax_backward", "log_softmax_backward", "fused_topk_backward"):
+        torch.library.register_autograd(
+            f"softmax_ops::{op}", _no_double_backward(op), setup_context=_nothing_to_save
+        )

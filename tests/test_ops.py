@@ -292,6 +292,26 @@ def test_fused_topk_backward_matches_torch_autograd(renormalize, dtype, device):
     assert_within_2x_torch(x_ours.grad, x_torch.grad, x_ref.grad)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "forward,backward_op",
+    [
+        (lambda t: softmax_ops.softmax(t, -1), "softmax_backward"),
+        (lambda t: softmax_ops.log_softmax(t, -1), "log_softmax_backward"),
+        (lambda t: softmax_ops.fused_topk(t, 2, -1, False)[0], "fused_topk_backward"),
+        (lambda t: softmax_ops.fused_topk(t, 2, -1, True)[0], "fused_topk_backward"),
+    ],
+    ids=["softmax", "log_softmax", "fused_topk", "fused_topk_renormalized"],
+)
+def test_double_backward_raises_instead_of_a_wrong_result(forward, backward_op, device):
+    # torch's fallback for an op without an autograd kernel only warns and drops terms of the second
+    # derivative; a first backward with create_graph=True must still work.
+    x = make_input((3, 5), torch.float64, device, seed=18).requires_grad_(True)
+    (grad,) = torch.autograd.grad(forward(x).square().sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=f"softmax_ops.{backward_op}: double backward is not supported"):
+        torch.autograd.grad(grad.square().sum(), x)
+
+
 # ---------------------------------------------------------------------------------------------- opcheck
 
 def opcheck_samples(device):
