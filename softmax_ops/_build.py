@@ -24,12 +24,22 @@ EXTENSION_NAME = "softmax_ops_C"
 DEFAULT_CUDA_ARCH = "9.0"  # Hopper: the GPUs this project is tuned on (H100/H200).
 
 
+def checkout_root(package_dir: Path | None = None) -> Path | None:
+    """The source checkout holding the package (csrc/registration.cpp and meta/ beside it), None when the
+    package is installed. An installed package's parent is site-packages, where an unrelated top-level
+    `meta` or `csrc` package may live: those must never be taken for ours."""
+    root = (package_dir or Path(__file__).resolve().parent).parent
+    if (root / "csrc" / "registration.cpp").is_file() and (root / "meta" / "__init__.py").is_file():
+        return root
+    return None
+
+
 def csrc_dir() -> Path:
     """The folder holding the C++/CUDA sources: the installed `softmax_ops.csrc` package, or `csrc/` beside
     the package when running from a source checkout."""
-    checkout = Path(__file__).resolve().parent.parent / "csrc"
-    if (checkout / "registration.cpp").is_file():
-        return checkout
+    checkout = checkout_root()
+    if checkout is not None:
+        return checkout / "csrc"
     spec = importlib.util.find_spec("softmax_ops.csrc")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("softmax_ops: cannot find the C++ sources (package softmax_ops.csrc is missing)")
@@ -195,9 +205,10 @@ def import_meta():
     package when running from a source checkout (where the build's package-dir mapping does not apply)."""
     import importlib
 
-    checkout = Path(__file__).resolve().parent.parent / "meta" / "__init__.py"
-    if not checkout.is_file():
+    root = checkout_root()
+    if root is None:
         return importlib.import_module("softmax_ops.meta")
+    checkout = root / "meta" / "__init__.py"
     if "softmax_ops.meta" in sys.modules:
         return sys.modules["softmax_ops.meta"]
     spec = importlib.util.spec_from_file_location("softmax_ops.meta", checkout)
