@@ -121,9 +121,15 @@ def fused_topk_backward_fake(
         indices.dtype == torch.int64,
         lambda: f"softmax_ops.fused_topk_backward: indices must be int64, got {indices.dtype}",
     )
-    _wrap_dim(x, dim, "fused_topk_backward")
+    wrapped = _wrap_dim(x, dim, "fused_topk_backward")
     torch._check(
         grad_values.shape == indices.shape and values.shape == indices.shape,
         lambda: "softmax_ops.fused_topk_backward: grad_values, values and indices must have the same shape",
+    )
+    k = indices.shape[wrapped] if indices.dim() > 0 else 1
+    torch._check(
+        list(indices.shape) == _topk_shape(x, wrapped, k),
+        lambda: f"softmax_ops.fused_topk_backward: indices shape {list(indices.shape)} does not match self shape "
+        f"{list(x.shape)} with dim {wrapped} of size k",
     )
     return x.new_empty(x.shape)

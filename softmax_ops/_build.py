@@ -138,7 +138,9 @@ def _build_directory(with_cuda: bool, arch: str) -> Path:
 def _fingerprint(sources: list[Path], flags: list[str]) -> str:
     digest = hashlib.sha256("\n".join(flags).encode())
     root = csrc_dir()
-    for path in [*sources, *sorted((root / "include").rglob("*"))]:
+    # Every header anywhere under csrc/ counts: ninja rebuilds when one changes, and the user should be told.
+    headers = sorted(path for suffix in ("*.h", "*.cuh") for path in root.rglob(suffix))
+    for path in [*sources, *headers]:
         if path.is_file():
             digest.update(str(path.relative_to(root)).encode())
             digest.update(path.read_bytes())

@@ -386,6 +386,22 @@ def test_bad_inputs_raise_clear_errors(device):
         softmax_ops.softmax(x, -1).backward(torch.ones(4, 7, device=device))
 
 
+def test_fake_topk_backward_checks_indices_against_self():
+    # The fake impl states the same shape rule as the real op, so torch.compile fails at trace time, not later.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.empty(4, 8)
+        good = torch.empty(4, 3)
+        indices = torch.empty(4, 3, dtype=torch.int64)
+        assert torch.ops.softmax_ops.fused_topk_backward(good, x, good, indices, -1, False).shape == x.shape
+        wrong = torch.empty(5, 3)
+        with pytest.raises(RuntimeError, match="indices shape"):
+            torch.ops.softmax_ops.fused_topk_backward(
+                wrong, x, wrong, torch.empty(5, 3, dtype=torch.int64), -1, False
+            )
+
+
 @requires_cuda
 def test_mixed_devices_raise():
     y = torch.softmax(torch.randn(4, 8, device="cuda"), -1)
