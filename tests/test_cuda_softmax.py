@@ -116,11 +116,15 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
     v = vec16(dtype)
     sizes = {1, 2, 3, 31, 32, 33, v - 1, v, v + 1, 1000}
     if kernel == "warp":
+        # short rows: 4 packs per lane on 1, 2, 4, 8 lanes (plan_warp), then 32 lanes x 1..8 packs
+        sizes |= {4 * v, 5 * v, 9 * v, 17 * v, 20 * v}
         sizes |= {8 * v, 32 * v - 1, 32 * v, 33 * v, 64 * v, 129 * v, 255, 256, 256 * v - v, 256 * v}
     elif kernel == "block_onepass":
         regs = BLOCK_MAX_THREADS * max_block_reg_packs(dtype, backward)
         cap = block_capacity_packs(dtype, v, backward)
         cap_scalar = block_capacity_packs(dtype, 1, backward)
+        # 128-thread register buckets (kBlockTargetThreads), then up to 512 and 1024 threads
+        sizes |= {128 * v, 129 * v, 512 * v, 513 * v, 1024 * v + v}
         sizes |= {256 * v, 257 * v, 4099, regs * v, regs * v + v, cap * v - v, cap * v, cap_scalar - 1}
     elif kernel == "cluster_onepass":
         sizes |= {16 * v - 1, 16 * v + 1, 4096 + v, 100003, 262144, 300007}

@@ -1,5 +1,5 @@
-// Launches the block / cluster one-pass kernel (forward and backward), and answers whether a cluster
-// configuration can be resident on the current device.
+// Launches the block / cluster one-pass kernel (forward and backward), and answers how many clusters of a
+// configuration can be resident on the current device at once.
 #include "softmax_block_kernel.cuh"
 
 namespace softmax_ops {
@@ -84,7 +84,7 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
   });
 }
 
-bool softmax_cluster_fits(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
+int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
   int max_clusters = 0;
   const cudaError_t err = with_block_kernel(problem, plan, SoftmaxPointers{}, [&](auto kernel, const auto&) {
     cudaError_t e = prepare(kernel, plan);
@@ -95,9 +95,9 @@ bool softmax_cluster_fits(const SoftmaxProblem& problem, const SoftmaxPlan& plan
   });
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // a refused query is an answer ("no"), not an error for later calls to see
-    return false;
+    return 0;
   }
-  return max_clusters > 0;
+  return max_clusters;
 }
 
 }  // namespace softmax_ops

@@ -23,11 +23,16 @@ struct Heuristics {
   // kernel needs no __syncthreads; OneFlow switches from warp to block at 1024 f32 columns, PyTorch's
   // persistent warp softmax at 1024 columns too. Longer rows want more threads per row for bytes in flight.
   static constexpr int64_t kWarpMaxRowBytes = 4096;
+  // Packs per lane for rows of at most 32 packs (see plan_warp).
+  static constexpr int kWarpShortRowPacks = 4;
 
-  // block kernel: threads per CTA the register cache aims for. 256 threads x 1-8 packs keeps several
-  // CTAs per SM (cheap barriers, overlap of one CTA's reduction with another's loads). Beyond 8 packs per
-  // thread the CTA grows up to kSharedCtaMaxThreads, then the rest of the row goes to shared memory.
-  static constexpr int kBlockTargetThreads = 256;
+  // block kernel: threads per CTA the register cache aims for; beyond the register packs of 128 threads
+  // the CTA grows up to kSharedCtaMaxThreads, then the rest of the row goes to shared memory. An SM
+  // needs ~64 KB of loads in flight to reach copy bandwidth (H200: ~1.5-2 us per DRAM round trip at
+  // ~3.9 TB/s over 132 SMs), and each CTA only loads, then reduces, then stores. 128 threads x 4 packs at
+  // <= 64 registers gives 8 CTAs = 64 KB per SM; the earlier 256-thread target gave fp16 4096-column rows
+  // 256 x 2 packs, 4 CTAs = 32 KB per SM, and measured 0.62-0.66 of copy on H200 (fp32, 64 KB: 0.89).
+  static constexpr int kBlockTargetThreads = 128;
 
   // A CTA that caches a row should leave room for a second CTA on its SM, so one CTA's loads overlap
   // the other's reduction and stores: at most 512 threads (64 registers each = half the register file)
@@ -142,9 +147,12 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   plan.vec = g.vec;
   plan.threads = kWarpKernelThreads;
   if (g.n_packs <= 32) {
-    // Short rows: just enough lanes for one pack each, several rows per warp (MoE routers, N = 8..256).
-    plan.lanes_per_row = static_cast<int>(pow2_ceil(std::max<int64_t>(g.n_packs, 1)));
-    plan.reg_packs = 1;
+    // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
+    // so a warp holds several rows. One pack per lane (the first version) put only 512 bytes per warp in
+    // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
+    plan.reg_packs = static_cast<int>(std::min<int64_t>(Heuristics::kWarpShortRowPacks,
+                                                        pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
+    plan.lanes_per_row = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.reg_packs)));
   } else {
     plan.lanes_per_row = 32;
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
@@ -291,23 +299,18 @@ class Chooser {
 
   SoftmaxChoice choose_few_rows() {
     const std::string why_few = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs";
-    const int64_t fill = ceil_div(props_.sm_count, g_.rows);  // CTAs per row to cover every SM
-    const int64_t by_size = std::max<int64_t>(1, g_.row_bytes / Heuristics::kClusterMinChunkBytes);
-    const int want = static_cast<int>(std::min<int64_t>({fill, by_size, Heuristics::kClusterMax}));
-    if (want <= 1 || !clusters_supported()) {
+    const bool worth_splitting = ceil_div(props_.sm_count, g_.rows) > 1 &&
+                                 g_.row_bytes >= 2 * Heuristics::kClusterMinChunkBytes;
+    if (!worth_splitting || !clusters_supported()) {
       if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
         return ok(plan_cached(g_, props_, *shape, 1),
                   why_few + ", but a row (" + kib(g_.row_bytes) +
-                      (want <= 1 ? ") is too small to split" : ") cannot be split (no thread-block clusters)") +
+                      (!worth_splitting ? ") is too small to split" : ") cannot be split (no thread-block clusters)") +
                       ": one CTA per row, one read, one write");
       }
     }
-    if (want > 1) {
-      if (auto choice = try_clusters(want, /*exclusive=*/false)) {
-        choice->reason = why_few + ": " + choice->reason;
-        return *choice;
-      }
-      if (auto choice = try_clusters(want, /*exclusive=*/true)) {
+    if (worth_splitting) {
+      if (auto choice = balanced_cluster()) {
         choice->reason = why_few + ": " + choice->reason;
         return *choice;
       }
@@ -315,6 +318,46 @@ class Chooser {
     return ok(plan_split_row(g_, props_, false),
               why_few + " and a row (" + kib(g_.row_bytes) + ") does not fit on chip in a cluster: " +
                   "two launches, partial (max, sum) per chunk merged in fixed order, then normalise");
+  }
+
+  // Few rows: the cluster size that minimises what the busiest SM must cache and normalise,
+  //   waves x ceil(CTAs per wave / SMs) x chunk bytes,
+  // over sizes whose chunk is at least kClusterMinChunkBytes, first with CTAs that leave room for a second
+  // on their SM, then with CTAs that own it. A later candidate must be 3% cheaper to win: two CTAs per SM
+  // overlap one's loads with the other's reduction, and smaller clusters synchronise fewer CTAs.
+  // (Taking the smallest size that covers the SMs, 64 x 151936 fp16 ran clusters of 3 = 192 CTAs, two
+  // per SM on 60 SMs and one on the rest: the busiest SM cached 200 KB where 148 KB is possible.)
+  std::optional<SoftmaxChoice> balanced_cluster() {
+    std::optional<SoftmaxPlan> best;
+    double best_cost = 0.0;
+    int64_t best_chunk_bytes = 0;
+    for (const bool exclusive : {false, true}) {
+      const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kSharedCtaMaxThreads;
+      const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
+      for (int cluster = 2; cluster <= Heuristics::kClusterMax; ++cluster) {
+        const int64_t chunk = ceil_div(g_.n_packs, cluster);
+        const int64_t chunk_bytes = chunk * g_.pack_bytes * g_.streams;
+        if (cluster > 2 && chunk_bytes < Heuristics::kClusterMinChunkBytes) break;
+        const auto shape = cache_shape(chunk, g_, max_threads, budget);
+        if (!shape) continue;
+        const SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
+        const int64_t resident = resident_clusters(plan);
+        if (resident == 0) continue;
+        const int64_t per_wave = std::min(g_.rows, resident);
+        const double cost = static_cast<double>(ceil_div(g_.rows, per_wave) *
+                                                ceil_div(per_wave * cluster, props_.sm_count) * chunk_bytes);
+        if (!best || cost < 0.97 * best_cost) {
+          best = plan;
+          best_cost = cost;
+          best_chunk_bytes = chunk_bytes;
+        }
+      }
+    }
+    if (!best) return std::nullopt;
+    return ok(*best, "a cluster of " + std::to_string(best->cluster) + " CTAs per row, each caching " +
+                         kib(best_chunk_bytes) + " on chip (the size that gives the busiest SM the fewest bytes, " +
+                         kib(static_cast<int64_t>(best_cost)) + "); partial (max, sum) merged through " +
+                         "distributed shared memory in fixed order: one read, one write");
   }
 
   // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
@@ -340,19 +383,27 @@ class Chooser {
 
   bool clusters_supported() const { return props_.cc_major >= 9; }
 
-  bool cluster_schedulable(const SoftmaxPlan& plan) const {
-    if (plan.cluster <= Heuristics::kPortableClusterMax || props_.assumed) return true;
-    // Non-portable sizes need a GPC with that many free SMs: ask the occupancy API once per shape.
+  bool cluster_schedulable(const SoftmaxPlan& plan) const { return resident_clusters(plan) > 0; }
+
+  // Clusters of `plan` the device holds at once: the occupancy API's answer (non-portable sizes need a
+  // GPC with that many free SMs), cached per shape. Without a device (explain on a CPU machine), an
+  // estimate: two CTAs per SM when each leaves room for a second, one otherwise.
+  int64_t resident_clusters(const SoftmaxPlan& plan) const {
+    if (props_.assumed) {
+      const bool shares_sm = plan.threads <= Heuristics::kSharedCtaMaxThreads &&
+                             static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
+      return props_.sm_count * (shares_sm ? 2 : 1) / plan.cluster;
+    }
     using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int>;
     static std::mutex mutex;
-    static std::map<Key, bool> known;
+    static std::map<Key, int> known;
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
     const Key key{device, static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
                   plan.vec, plan.reg_packs, plan.threads, plan.smem_bytes, plan.cluster};
     std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
-    if (it == known.end()) it = known.emplace(key, softmax_cluster_fits(p_, plan)).first;
+    if (it == known.end()) it = known.emplace(key, softmax_max_active_clusters(p_, plan)).first;
     return it->second;
   }
 

@@ -86,8 +86,8 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
 cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
                                      const SoftmaxPointers& ptrs, cudaStream_t stream);
 
-// Whether at least one cluster of `plan` (kClusterOnePass) can be resident on the current device:
-// sizes above 8 CTAs are non-portable and need a whole GPC. Queries the occupancy API (no sync).
-bool softmax_cluster_fits(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
+// How many clusters of `plan` (kClusterOnePass) can be resident on the current device at once (0: none;
+// sizes above 8 CTAs are non-portable and need a whole GPC). Queries the occupancy API (no sync).
+int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
 
 }  // namespace softmax_ops

@@ -20,6 +20,9 @@ namespace softmax_ops::detail {
 // costs registers. fp64 16-byte packs hold 2 elements: 4 of them as well.
 template <typename Op, int VEC>
 constexpr int kStreamUnroll = (VEC > 1 ? 4 : 8) / Op::kStreams;
+// The folding pass has no stores to overlap with its loads, so it keeps twice as many in flight.
+template <typename Op, int VEC>
+constexpr int kFoldUnroll = 2 * kStreamUnroll<Op, VEC>;
 
 // Folds packs [begin, end) of one row; this thread takes packs begin + tid, begin + tid + threads, ...
 template <typename Op, int VEC>
@@ -28,7 +31,7 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
   using In = typename Op::In;
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
-  constexpr int U = kStreamUnroll<Op, VEC>;
+  constexpr int U = kFoldUnroll<Op, VEC>;
   // Steps are folded into a segment accumulator that is merged into the total every kSegmentSteps: the
   // running sum of a thread that walks millions of elements stays short (accuracy, see accumulate).
   constexpr int kSegmentSteps = 32;
@@ -65,7 +68,10 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
   return total;
 }
 
-// Second pass over packs [begin, end): re-read (last use: evict-first), normalise, write.
+// Second pass over packs [begin, end): re-read (last use: evict-first), normalise, write. It walks the
+// range from its END: the first pass ended there, so that part is the likeliest still in L2, and reading
+// it first keeps the re-read of the beginning from evicting it (walking forwards, a row larger than its
+// share of L2 misses on every re-read: the split_row apply pass read 3N bytes against copy's 2N).
 template <typename Op, int VEC>
 __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row& row_consts,
                                             const typename Op::In* const* in, typename Op::Out* out,
@@ -75,7 +81,9 @@ __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
   constexpr int U = kStreamUnroll<Op, VEC>;
-  for (int64_t first = begin + tid; first < end; first += static_cast<int64_t>(U) * threads) {
+  const int64_t step = static_cast<int64_t>(U) * threads;
+  for (int64_t step_index = (end - begin + step - 1) / step - 1; step_index >= 0; --step_index) {
+    const int64_t first = begin + step_index * step + tid;
     Pack<In, VEC> packs[S][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {

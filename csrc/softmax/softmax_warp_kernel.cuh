@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
         for (int j = 0; j < VEC; ++j) {
           C v[S];
 #pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = convert<C>(cache[s][p].v[j]);
+          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
           fn(v);
         }
       }
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
         for (int j = 0; j < VEC; ++j) {
           C v[S];
 #pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = convert<C>(cache[s][p].v[j]);
+          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
           result.v[j] = op.apply(row_consts, v);
         }
         store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
