@@ -88,6 +88,22 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
     const int64_t row_offset = row * args.n;
 
+    // Shared-memory packs first, as asynchronous copies when they are 16 bytes, so they are in flight
+    // while the register packs load. Each thread reads back only its own slots: no barrier, just a wait.
+    constexpr bool kAsyncFill = sizeof(PackIn) == 16;
+    for (int p = 0; p < smem_packs; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        if (k >= end) {
+          spill_slot(s, p) = filled_pack<In, VEC>(Op::pad(s));
+        } else if constexpr (kAsyncFill) {
+          copy_async_16(&spill_slot(s, p), args.in[s] + row_offset + k * VEC);
+        } else {
+          spill_slot(s, p) = load_vec<In, VEC>(args.in[s] + row_offset + k * VEC);
+        }
+      }
+    }
     PackIn cache[S][PREG];
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
@@ -97,13 +113,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
         cache[s][p] = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
       }
     }
-    for (int p = 0; p < smem_packs; ++p) {
-      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
-#pragma unroll
-      for (int s = 0; s < S; ++s) {
-        spill_slot(s, p) = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
-      }
-    }
+    if constexpr (kAsyncFill) wait_async_copies();
 
     // A shared-memory slot is read as whole 16-byte words into registers first: element-wise reads of a
     // bfloat16 pack compiled to 8 LDS.U16 per visit (3 visits per element) instead of one LDS.128.
