@@ -24,10 +24,16 @@ struct TopkHeuristics {
   // Each of the k rounds is a log2(lanes)-step butterfly plus one lane's rescan of its 32 slots; beyond
   // ~64 rounds the block kernel's filter + bitonic sort of k should be cheaper.
   int64_t warp_max_k = 64;
-  // Lanes per row: the fewest that hold the row (fewer shuffle steps per round), doubled while the grid
-  // has fewer than this many warps per SM (latency hiding for few-row problems like 256x128), never
-  // more than the row has 16-byte vectors.
+  // Lanes per row: the fewest that hold the row, raised to 2k (at most 32) so that the warp kernel's
+  // threshold pre-filter applies: the k-th largest of >= 2k lane maxima leaves ~1.3k candidates per row and
+  // a lane overflows its 4 candidate registers in 1-2% of rows, where with W = k it overflows in most rows
+  // (numpy, N(0, 9) rows of 64-512, topk_warp_select.cuh). Then doubled while the grid has fewer than
+  // warp_min_warps_per_sm warps per SM (latency hiding for few-row problems like 256x128), never past the
+  // row's 16-byte vectors by that doubling. Past the vectors the kernel reads scalars.
   int64_t warp_min_warps_per_sm = 8;
+  // Rows of at most this many values get one lane per value (scalar loads, one-slot rounds): 16384x8 k2
+  // then runs 4096 warps instead of 512 (one 4-warp CTA per SM was pure latency: notes-topk-tuning.md §4).
+  int64_t warp_scalar_max_n = 32;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
@@ -52,11 +58,14 @@ constexpr const char* kTopkBackwardNames[kNumTopkBackwardKernels] = {"block", "s
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int warp_lanes(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
+int warp_lanes(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   const int64_t slots = warp_slots_per_lane(dtype);
-  const int64_t max_lanes = std::min<int64_t>(32, next_pow2(ceil_div(n, vec_elems(dtype))));
+  const int64_t lanes_with_values = std::min<int64_t>(32, next_pow2(n));
   int64_t lanes = 1;
   while (lanes * slots < n) lanes *= 2;
+  if (n <= kHeuristics.warp_scalar_max_n) return static_cast<int>(std::max(lanes, lanes_with_values));
+  lanes = std::max(lanes, std::min(lanes_with_values, next_pow2(2 * k)));
+  const int64_t max_lanes = std::min<int64_t>(32, next_pow2(ceil_div(n, vec_elems(dtype))));
   while (lanes < max_lanes && rows * lanes < kHeuristics.warp_min_warps_per_sm * props.sm_count * 32) lanes *= 2;
   return static_cast<int>(lanes);
 }
@@ -99,7 +108,7 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
   plan.kernel = kernel;
   switch (kernel) {
     case TopkKernel::kWarp:
-      plan.lanes_per_row = warp_lanes(rows, n, dtype, props);
+      plan.lanes_per_row = warp_lanes(rows, n, k, dtype, props);
       plan.smem_bytes = warp_smem_bytes(dtype, plan.lanes_per_row, k);
       break;
     case TopkKernel::kBlock:
