@@ -65,12 +65,12 @@ def vec16(dtype: torch.dtype) -> int:
 
 def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
     """Mirror of max_block_reg_packs in softmax_launch.h."""
-    streams = 2 if backward else 1
     if dtype == torch.float64:
         return 1
-    if dtype in (torch.float16, torch.bfloat16):
-        return 4 // streams
-    return 8 // streams
+    narrow = dtype in (torch.float16, torch.bfloat16)
+    if backward:
+        return 2 if narrow else 4
+    return 8
 
 
 def smem_optin() -> int:
@@ -123,8 +123,8 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
         regs = BLOCK_MAX_THREADS * max_block_reg_packs(dtype, backward)
         cap = block_capacity_packs(dtype, v, backward)
         cap_scalar = block_capacity_packs(dtype, 1, backward)
-        # 128-thread register buckets (kBlockTargetThreads), then up to 512 and 1024 threads
-        sizes |= {128 * v, 129 * v, 512 * v, 513 * v, 1024 * v + v}
+        # thread counts in warps of max_block_reg_packs packs each, up to 512 and 1024 threads
+        sizes |= {128 * v, 129 * v, 512 * v, 513 * v, 1024 * v + v, 2048 * v + v}
         sizes |= {256 * v, 257 * v, 4099, regs * v, regs * v + v, cap * v - v, cap * v, cap_scalar - 1}
     elif kernel == "cluster_onepass":
         sizes |= {16 * v - 1, 16 * v + 1, 4096 + v, 100003, 262144, 300007}

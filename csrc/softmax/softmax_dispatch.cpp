@@ -23,16 +23,20 @@ struct Heuristics {
   // kernel needs no __syncthreads; OneFlow switches from warp to block at 1024 f32 columns, PyTorch's
   // persistent warp softmax at 1024 columns too. Longer rows want more threads per row for bytes in flight.
   static constexpr int64_t kWarpMaxRowBytes = 4096;
+  // The backward holds two streams per lane: 8 packs of each cost the warp kernel ~130 registers (3 CTAs
+  // per SM). Measured on H200 (2026-11-22), rows of 4 KB per stream: warp 0.63-0.82 of copy, block 0.88-1.0
+  // (2048x2048 and 32768x2048 fp16); at 2 KB the two are even (0.84-0.93).
+  static constexpr int64_t kWarpMaxRowBytesBackward = 2048;
   // Packs per lane for rows of at most 32 packs (see plan_warp).
   static constexpr int kWarpShortRowPacks = 4;
 
-  // block kernel: threads per CTA the register cache aims for; beyond the register packs of 128 threads
-  // the CTA grows up to kSharedCtaMaxThreads, then the rest of the row goes to shared memory. An SM
-  // needs ~64 KB of loads in flight to reach copy bandwidth (H200: ~1.5-2 us per DRAM round trip at
-  // ~3.9 TB/s over 132 SMs), and each CTA only loads, then reduces, then stores. 128 threads x 4 packs at
-  // <= 64 registers gives 8 CTAs = 64 KB per SM; the earlier 256-thread target gave fp16 4096-column rows
-  // 256 x 2 packs, 4 CTAs = 32 KB per SM, and measured 0.62-0.66 of copy on H200 (fp32, 64 KB: 0.89).
-  static constexpr int kBlockTargetThreads = 128;
+  // block kernel: every thread caches the most register packs it can (max_block_reg_packs), and the CTA
+  // has just enough threads for the row; beyond kSharedCtaMaxThreads the rest goes to shared memory. An
+  // SM needs ~64 KB of loads in flight to reach copy bandwidth (H200: ~1.5-2 us per loaded DRAM round trip
+  // at ~3.9 TB/s over 132 SMs), and each CTA only loads, then reduces, then stores, so what counts is bytes
+  // per thread: 64 registers per thread allow 1024 threads per SM, x 8 packs = 128 KB. Measured on H200
+  // (2026-11-22): 256 threads x 2 packs (fp16, 4096 columns) 0.62-0.66 of copy; 128 x 4: 0.80; fp32 with 8
+  // packs 0.93-0.97.
 
   // A CTA that caches a row should leave room for a second CTA on its SM, so one CTA's loads overlap
   // the other's reduction and stores: at most 512 threads (64 registers each = half the register file)
@@ -172,13 +176,7 @@ struct CacheShape {
 
 std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget) {
   packs = std::max<int64_t>(packs, 1);
-  if (g.vec > 1) {  // the vector path has every register bucket; prefer few packs and ~256 threads
-    for (int reg_packs = 1; reg_packs <= g.max_reg_packs; reg_packs *= 2) {
-      const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
-      if (threads <= Heuristics::kBlockTargetThreads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
-    }
-  }
-  const int reg_packs = g.max_reg_packs;  // the only bucket compiled for single elements
+  const int reg_packs = g.max_reg_packs;  // see the heuristic above; the only bucket for single elements
   const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
   const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;
@@ -261,9 +259,10 @@ class Chooser {
     if (p_.inner > 1) return ok(plan_strided(p_, props_), "the reduced dim is not the last one (inner size " +
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
-    if (warp_fits() && p_.n * g_.in_bytes <= Heuristics::kWarpMaxRowBytes) {
+    const int64_t warp_max_bytes = p_.backward ? Heuristics::kWarpMaxRowBytesBackward : Heuristics::kWarpMaxRowBytes;
+    if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
       return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
-                                           kib(Heuristics::kWarpMaxRowBytes) + "): one warp or sub-warp per row, " +
+                                           kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
                                            "row in registers, no block barrier");
     }
     const bool few_rows = static_cast<double>(g_.rows) < Heuristics::kFewRowsPerSm * props_.sm_count;

@@ -59,16 +59,19 @@ constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 reg
 constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
 
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
-// i.e. at most 64 registers per thread). Measured with `nvcc -Xptxas -v` (sm_90, nvcc 13.0): beyond these,
-// ptxas spills — float: 8 packs (32 registers of data) for one input stream; 16-bit types: 4, because the
-// converted fp32 values stay live between the max and the sum pass; double: 1 (the fp64 exp/log
-// polynomials need the registers). Backward caches two streams: half as many packs each. The vector-width
-// 1 path always uses this maximum (odd n / unaligned inputs are not worth more instantiations).
+// i.e. at most 64 registers per thread). Measured with `nvcc -Xptxas -v` (sm_90, nvcc 13.0): 8 packs of
+// one input stream (32 registers of data) for float and, since the cache stays packed (cached_element),
+// for 16-bit types too (half -> float output: 20 bytes of spill, the 32-byte output pack); double: 1 (the
+// fp64 exp/log polynomials need the registers). Backward caches two streams: float 4 packs each, 16-bit 2
+// (4 spill). Bytes in flight per SM are what the one-pass kernel lives on: 1024 threads x 8 packs x 16 B
+// = 128 KB per SM, where 16-bit rows had half of that with 4 packs (0.80 of copy against 0.95 for fp32 on
+// H200). The vector-width 1 path always uses this maximum (odd n / unaligned inputs are not worth more
+// instantiations).
 constexpr int max_block_reg_packs(DType in_dtype, bool backward) {
-  const int streams = backward ? 2 : 1;
   if (in_dtype == DType::kFloat64) return 1;
-  if (in_dtype == DType::kFloat16 || in_dtype == DType::kBFloat16) return 4 / streams;
-  return 8 / streams;
+  const bool narrow = in_dtype == DType::kFloat16 || in_dtype == DType::kBFloat16;
+  if (backward) return narrow ? 2 : 4;
+  return 8;
 }
 
 struct SoftmaxPointers {
