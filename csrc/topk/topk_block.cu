@@ -1,28 +1,53 @@
-// fused_topk "block" (one CTA per row) and "split_row" (several CTAs per row + a merge kernel) kernels.
+// fused_topk "block" (one CTA per row) and "split_row" (several CTAs per row, the last to finish merges)
+// kernels.
 //
-// Both run the same chunk producer over a range of a row, reading it once in tiles of kTileElems:
-//   * every value folds into the thread's online (max, sum);
-//   * a value joins the shared-memory candidate buffer only if it beats the running threshold: a float
-//     compare first (!(x < t): NaN passes), then the exact key. Tiles are read in index order, so a later
-//     value with the threshold's own key ranks below it (higher index) and is rejected;
-//   * when the buffer could overflow on the next tile, a block radix select finds the k-th best candidate,
-//     the buffer is compacted to the k best and the threshold rises to that candidate's key;
+// Both run the same chunk producer over a range of a row, reading it once in tiles of kTileElems, the next
+// tile's loads in flight (raw 16-byte registers) while the current one is filtered:
+//   * the whole tile folds into the thread's online (max, sum) at once (one max check, <= one rescale);
+//   * a value joins the shared-memory candidate buffer only if it can still be in the top k: one unordered
+//     float compare against a bound derived from the threshold key (filter_bound). Tiles are read in index
+//     order, so a later value with the threshold's own key ranks below it (higher index) and is rejected;
+//   * a thread appends its tile's passing values with one slot reservation per warp (warp_reserve);
+//   * one barrier per tile (__syncthreads_count) keeps an upper bound of the buffer's fill; only when the
+//     next tile could overflow the buffer is the exact count read, and if needed a block radix select finds
+//     the k-th best candidate, the buffer is compacted to the k best and the threshold rises to it;
 //   * the first tile gets a threshold at once: the k-th best of the per-thread maxima (k distinct values
 //     reach it), so a row with small k never floods the buffer.
 // Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTileElems / (T*V) vectors per thread):
 //   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
 //   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
+// Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them), bit
+// b = u*V + j of its take-mask.
 // block: the CTA then sorts its k candidates (bitonic) and writes probabilities and indices.
 // split_row: each CTA writes its chunk's k best (unordered, padded with "none") and (max, sum) to a
-// workspace; the merge kernel streams a row's candidates through the same buffer/threshold/compaction,
-// merges the (max, sum) in chunk order (deterministic), sorts and writes.
+// workspace and takes a ticket of its row; the CTA that takes the row's last ticket streams the other
+// chunks' candidates through its buffer (the result is the exact top k of a total order, so it does not
+// depend on which CTA merges), merges the (max, sum) in chunk order (deterministic), sorts and writes.
 #include "topk_device.cuh"
 #include "topk_launch.h"
 
 namespace softmax_ops::topk {
 namespace {
 
-template <typename TIn>
+// The bound of the tile filter for threshold key tau_key: !(x <= bound) (one unordered compare) passes
+// every x whose key is above tau_key, and nothing that ranks at or below a threshold with a real value.
+//   the key's value t is a number: x > t or x NaN. x == t (or -0 vs +0) has t's key and a higher index;
+//   a key above +inf's (a NaN threshold, or a radix prefix between +inf and NaN): +inf, so only NaNs pass
+//     (including later NaNs ranking below a NaN threshold: harmless extra candidates, the buffer only has
+//     to be a superset of the top k);
+//   a key below -inf's (0: no threshold yet, or a radix prefix under -inf): NaN, every value passes.
+template <typename C>
+__device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
+  const C t = OrderKey<C>::value(tau_key);
+  if (t == t) return t;
+  const C inf = static_cast<C>(INFINITY);
+  return tau_key > OrderKey<C>::of(inf) ? inf : quiet_nan<C>();
+}
+
+// kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
+// tile offset is the thread's base plus a constant: as a run-time flag the compiler kept the 16 offsets of
+// both layouts in registers across the tile loop.
+template <typename TIn, bool kVectorLoads>
 struct ChunkTopk {
   using C = compute_t<TIn>;
   using Ops = CandFor<C>;
@@ -30,126 +55,226 @@ struct ChunkTopk {
   using Key = typename OrderKey<C>::Key;
   static constexpr int V = 16 / sizeof(TIn);
   static constexpr int U = kTileElems / (kBlockThreads * V);
+  static constexpr int kPerThread = U * V;  // values of one thread per tile, one take-mask bit each
   static_assert(U >= 1 && U * kBlockThreads * V == kTileElems, "tile must be a whole number of vectors");
+  static_assert(kPerThread <= 32 && (kPerThread & (kPerThread - 1)) == 0, "one mask bit per value");
+  // Keep the next tile in flight while filtering this one (U x 16 bytes of registers more) where it fits in
+  // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
+  // register per value before packing, and float64 values take two: with prefetch both spilled (ptxas).
+  static constexpr bool kPrefetch = kVectorLoads && sizeof(TIn) <= 4;
 
-  static __device__ __forceinline__ int tile_offset(bool vector_loads, int u, int j) {
-    return vector_loads ? (u * kBlockThreads + static_cast<int>(threadIdx.x)) * V + j
+  // A thread's share of a tile as loaded: U x 16 bytes of TIn.
+  struct RawTile {
+    uint4 w[U];
+  };
+
+  static __device__ __forceinline__ int tile_offset(int u, int j) {
+    return kVectorLoads ? (u * kBlockThreads + static_cast<int>(threadIdx.x)) * V + j
                         : (u * V + j) * kBlockThreads + static_cast<int>(threadIdx.x);
   }
+  static __device__ __forceinline__ int tile_offset(int b) {
+    return tile_offset(b / V, b % V);
+  }
 
-  // Values of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a multiple of V.
-  static __device__ __forceinline__ void load_tile(const TIn* x, int valid, bool vector_loads, C (&v)[U][V]) {
+  // Issues the loads of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a
+  // multiple of V.
+  static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
+    constexpr ElementBits<TIn> kPad = neg_inf_bits<TIn>();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (vector_loads) {
-        const int off = tile_offset(true, u, 0);
+      if constexpr (kVectorLoads) {
+        const int off = tile_offset(u, 0);
         if (off < valid) {
-          load_vec16<TIn, true>(x + off, v[u]);
+          t.w[u] = load_raw16<TIn, true>(x + off);
         } else {
+          ElementBits<TIn> pad[V];
 #pragma unroll
-          for (int j = 0; j < V; ++j) v[u][j] = neg_inf<C>();
+          for (int j = 0; j < V; ++j) pad[j] = kPad;
+          t.w[u] = pack_raw16<TIn>(pad);
         }
       } else {
+        ElementBits<TIn> e[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          const int off = tile_offset(false, u, j);
-          v[u][j] = off < valid ? load_scalar(x + off) : neg_inf<C>();
+          const int off = tile_offset(u, j);
+          e[j] = off < valid ? element_bits(__ldcs(x + off)) : kPad;
         }
+        t.w[u] = pack_raw16<TIn>(e);
       }
     }
   }
 
-  // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (max, sum) over its share. Returns count. cap >= candidate_capacity(k). Positions are 32-bit
-  // (the launcher limits rows to 2^31 - 1 elements); x is the row's first element.
-  static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, bool vector_loads, Cand* buf, int cap,
-                            SelectScratch& s, RowStats<C>& stats) {
-    static_assert(U * V <= 32, "one bit per value of a thread's tile");
-    stats = empty_stats<C>();
-    Key tau_key = 0;               // accept every value (every real key is > 0)
-    C tau_value = quiet_nan<C>();  // !(x < NaN) holds for every x
-    if (threadIdx.x == 0) s.count = 0;
-    bool first = true;
-    for (int64_t tile = lo; tile < hi; tile += kTileElems) {
-      const int t0 = static_cast<int>(tile);
-      const int valid = min(hi - t0, kTileElems);
-      C v[U][V];
-      load_tile(x + t0, valid, vector_loads, v);
+  // The whole tile at once (one max check, at most one rescale). float64 folds per vector: its libm exp
+  // over 16 values at once spilled (ptxas), and its rescale factors are exact enough either way.
+  static __device__ __forceinline__ void fold_tile_stats(RowStats<C>& stats, const C (&v)[U][V]) {
+    if constexpr (std::is_same_v<C, double>) {
 #pragma unroll
       for (int u = 0; u < U; ++u) fold_stats(stats, v[u]);
+    } else {
+      fold_stats(stats, v);
+    }
+  }
 
-      if (first) {
-        // k distinct values reach the k-th best per-thread maximum: nothing below it can be in the top k.
-        Cand mine = Ops::none();
+  static __device__ __forceinline__ void unpack_tile(const RawTile& t, C (&v)[U][V]) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
+    for (int u = 0; u < U; ++u) unpack_raw16<TIn>(t.w[u], v[u]);
+  }
+
+  // Bits of the values at offsets < valid (all of them except in a row's or chunk's last tile).
+  static __device__ __forceinline__ uint32_t valid_mask(int valid) {
+    uint32_t mask = 0;
 #pragma unroll
-          for (int j = 0; j < V; ++j) {
-            const int off = tile_offset(vector_loads, u, j);
-            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
-            if (off < valid && Ops::better(c, mine)) mine = c;
-          }
-        }
-        __syncthreads();  // s.count = 0 is visible; buf is free
-        buf[threadIdx.x] = mine;
-        __syncthreads();
-        const Cand floor = k <= kBlockThreads ? block_radix_threshold<Ops>(buf, kBlockThreads, k, s) : Ops::none();
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            const int off = tile_offset(vector_loads, u, j);
-            const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
-            warp_append<Ops>(buf, &s.count, off < valid && Ops::at_least(c, floor), c);
-          }
-        }
-        tau_key = Ops::key(floor);
-        tau_value = OrderKey<C>::value(tau_key);
-        first = false;
-      } else {
-        // The common case once the threshold has risen: nothing passes, one vote per warp and tile.
-        uint32_t take = 0;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < V; ++j) {
-            if (tile_offset(vector_loads, u, j) < valid && !(v[u][j] < tau_value) &&
-                OrderKey<C>::of(v[u][j]) > tau_key) {
-              take |= 1u << (u * V + j);
-            }
-          }
-        }
-        if (__any_sync(kFullMask, take != 0)) {
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-#pragma unroll
-            for (int j = 0; j < V; ++j) {
-              const uint32_t index = static_cast<uint32_t>(t0 + tile_offset(vector_loads, u, j));
-              warp_append<Ops>(buf, &s.count, (take >> (u * V + j)) & 1u, Ops::make(OrderKey<C>::of(v[u][j]), index));
-            }
-          }
-        }
-      }
+    for (int b = 0; b < kPerThread; ++b) {
+      if (tile_offset(b) < valid) mask |= 1u << b;
+    }
+    return mask;
+  }
+
+  // A NaN threshold (rows with >= k NaNs): the unordered compare would pass every later NaN, each tile a
+  // compaction; later NaNs rank below it, so nothing passes.
+  static __device__ __forceinline__ bool is_nan_key(Key key) { return key == OrderKey<C>::of(quiet_nan<C>()); }
+
+  static __device__ __forceinline__ Cand candidate(const C (&v)[U][V], int b, int t0) {
+    return Ops::make(OrderKey<C>::of(pick(v, b)), static_cast<uint32_t>(t0 + tile_offset(b)));
+  }
+
+  // The first tile's threshold: the k-th best of the per-thread best values (a radix prefix; none when
+  // k > kBlockThreads, which keeps every value). Uses buf[0, kBlockThreads) as scratch; ends with a barrier
+  // after which s.count == 0 is visible to every thread.
+  static __device__ Cand first_tile_floor(const C (&v)[U][V], int t0, int valid, int k, Cand* buf,
+                                          SelectScratch& s) {
+    if (k > kBlockThreads) {
       __syncthreads();
-      const int count = s.count;
-      if (count > cap - kTileElems) {
-        const Cand kth = block_radix_threshold<Ops>(buf, count, k, s);
-        block_compact<Ops>(buf, count, kth, s);
-        tau_key = Ops::key(kth);
-        tau_value = OrderKey<C>::value(tau_key);
+      return Ops::none();
+    }
+    Cand mine = Ops::none();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int off = tile_offset(u, j);
+        const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
+        if (off < valid && Ops::better(c, mine)) mine = c;
+      }
+    }
+    __syncthreads();  // buf is free (the previous user, if any, is done)
+    buf[threadIdx.x] = mine;
+    __syncthreads();
+    return block_radix_threshold<Ops>(buf, kBlockThreads, k, s);  // ends with a barrier: buf is free again
+  }
+
+  // Mask of the first tile's values at or above the floor: key above the floor's (the filter_bound compare,
+  // which may also pass some NaNs below a NaN floor: harmless extra candidates), or the floor's own value at
+  // an index no higher than the floor's. Float compares instead of 64-bit candidate compares: the 16
+  // candidates built at once cost ~30 registers at the kernel's peak.
+  static __device__ __forceinline__ uint32_t first_tile_take(const C (&v)[U][V], int t0,
+                                                             const Cand& floor) {
+    const C bound = filter_bound<C>(Ops::key(floor));
+    const C floor_value = OrderKey<C>::value(Ops::key(floor));
+    const uint32_t floor_index = Ops::index(floor);
+    uint32_t take = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const uint32_t index = static_cast<uint32_t>(t0 + tile_offset(u, j));
+        if (!(v[u][j] <= bound) || (v[u][j] == floor_value && index <= floor_index)) take |= 1u << (u * V + j);
+      }
+    }
+    return take;
+  }
+
+  // Mask of the values that pass the running threshold: one unordered compare each (filter_bound).
+  static __device__ __forceinline__ uint32_t tile_take(const C (&v)[U][V], C bound) {
+    uint32_t take = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (!(v[u][j] <= bound)) take |= 1u << (u * V + j);
+      }
+    }
+    return take;
+  }
+
+  // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
+  // thread's (max, sum) over its share. Returns count. When the chunk held more than k candidates, *kth
+  // (every thread) gets a radix prefix that exactly the k kept candidates reach; else it is left alone.
+  // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
+  // the row's first element. Ends with a barrier.
+  //
+  // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
+  // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
+  // added at most kPerThread. Only when it passes cap - kTileElems (the next tile could overflow) is the
+  // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTileElems =
+  // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
+  static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
+                            SelectScratch& s, RowStats<C>& stats, Cand* kth) {
+    stats = empty_stats<C>();
+    if (threadIdx.x == 0) s.count = 0;
+    C bound = quiet_nan<C>();
+    bool closed = false;  // the threshold is a NaN: no later value can rank above it
+    int fill_bound = 0;
+    RawTile next;
+    if constexpr (kPrefetch) load_tile(x + lo, min(hi - lo, kTileElems), next);
+    // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
+    for (int t0 = lo;; t0 += kTileElems) {
+      const int valid = min(hi - t0, kTileElems);
+      const bool more = hi - t0 > kTileElems;
+      if constexpr (!kPrefetch) load_tile(x + t0, valid, next);
+      C v[U][V];
+      unpack_tile(next, v);
+      // The first tile's radix select runs before the prefetch: with both tiles live it set the kernel's
+      // register peak.
+      Cand floor = Ops::none();
+      if (t0 == lo) floor = first_tile_floor(v, t0, valid, k, buf, s);
+      // The next tile's loads fly while this one is filtered and appended (and during its barrier).
+      if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
+      fold_tile_stats(stats, v);
+
+      uint32_t take;
+      if (t0 == lo) {
+        take = first_tile_take(v, t0, floor);
+        bound = filter_bound<C>(Ops::key(floor));
+        closed = is_nan_key(Ops::key(floor));
       } else {
-        __syncthreads();  // every thread has read s.count before the next tile appends
+        take = closed ? 0u : tile_take(v, bound);
+      }
+      if (valid < kTileElems) take &= valid_mask(valid);
+      const int appended = append_selected<Ops>(buf, &s.count, take,
+                                                [&](int b) { return candidate(v, b, t0); });
+      if (!more) break;  // the final selection below reads the exact count
+      fill_bound += kPerThread * __syncthreads_count(appended > 0);
+      if (fill_bound > cap - kTileElems) {
+        const int count = s.count;
+        if (count > cap - kTileElems) {
+          const Cand threshold = block_radix_threshold<Ops>(buf, count, k, s);
+          fill_bound = block_compact<Ops>(buf, count, threshold, s);
+          bound = filter_bound<C>(Ops::key(threshold));
+          closed = is_nan_key(Ops::key(threshold));
+        } else {
+          __syncthreads();  // every thread has read s.count before the next tile appends
+          fill_bound = count;
+        }
       }
     }
     __syncthreads();
     int count = s.count;
     if (count > k) {
-      const Cand kth = block_radix_threshold<Ops>(buf, count, k, s);
-      count = block_compact<Ops>(buf, count, kth, s);
+      const Cand threshold = block_radix_threshold<Ops>(buf, count, k, s);
+      count = block_compact<Ops>(buf, count, threshold, s);
+      *kth = threshold;
+    } else {
+      __syncthreads();  // every thread has read s.count before anyone appends again
     }
     return count;
   }
 };
+
+// CTAs per SM the register budget is set for: 4 is what the ~51 KB candidate buffer of k <= ~500 allows
+// anyway (64 registers per thread); float64 (twice the registers per value, not a speed target) gets 2.
+template <typename TIn>
+constexpr int kBlockMinCtasPerSm = sizeof(TIn) == 8 ? 2 : 4;
 
 // Static shared memory of the block-family kernels (kept under kBlockStaticSmem).
 template <typename C>
@@ -157,13 +282,14 @@ struct BlockScratch {
   SelectScratch select;
   RowStats<C> stats[kBlockThreads / kWarpSize];
   C sums[kBlockThreads / kWarpSize];
+  int merges;  // split_row: this CTA took its row's last ticket
 };
 
-template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(kBlockThreads)
+template <typename TIn, typename TOut, bool kVectorLoads>
+__global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     topk_block_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices, int64_t n,
-                      int k, int cap, bool renormalize, bool vector_loads) {
-  using Chunk = ChunkTopk<TIn>;
+                      int k, int cap, bool renormalize) {
+  using Chunk = ChunkTopk<TIn, kVectorLoads>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
@@ -173,90 +299,126 @@ __global__ void __launch_bounds__(kBlockThreads)
 
   const int64_t row = blockIdx.x;
   RowStats<C> stats;
-  const int count = Chunk::run(x + row * n, 0, static_cast<int>(n), k, vector_loads, buf, cap, scratch.select, stats);
+  typename Ops::Type kth = Ops::none();
+  const int count =
+      Chunk::run(x + row * n, 0, static_cast<int>(n), k, buf, cap, scratch.select, stats, &kth);
   stats = block_merge_stats(stats, scratch.stats);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
-// One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum).
-template <typename TIn>
-__global__ void __launch_bounds__(kBlockThreads)
-    topk_split_chunk_kernel(const TIn* __restrict__ x, int64_t n, int k, int cap, int64_t chunk, int splits,
-                            bool vector_loads, typename ChunkTopk<TIn>::Cand* __restrict__ ws_cand,
-                            RowStats<compute_t<TIn>>* __restrict__ ws_stats) {
-  using Chunk = ChunkTopk<TIn>;
-  using C = typename Chunk::C;
-  using Ops = typename Chunk::Ops;
-  static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* buf = reinterpret_cast<typename Ops::Type*>(smem_raw);
-  __shared__ BlockScratch<C> scratch;
+// Where split_row's chunk results live: per (row, chunk) k candidates and a (max, sum); per row a ticket
+// (zeroed before the launch) counting the chunks that have published.
+template <typename C>
+struct SplitWorkspace {
+  typename CandFor<C>::Type* cand;  // [rows][splits][k]
+  RowStats<C>* stats;               // [rows][splits]
+  unsigned* tickets;                // [rows]
+};
 
-  const int64_t row = blockIdx.x / splits;
-  const int64_t part = blockIdx.x % splits;
-  const int64_t lo = part * chunk;
-  const int64_t hi = min(n, lo + chunk);
-  RowStats<C> stats;
-  const int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, vector_loads, buf, cap,
-                               scratch.select, stats);
-  stats = block_merge_stats(stats, scratch.stats);
-  typename Ops::Type* out = ws_cand + (row * splits + part) * k;
-  for (int r = threadIdx.x; r < k; r += blockDim.x) out[r] = r < count ? buf[r] : Ops::none();
-  if (threadIdx.x == 0) ws_stats[row * splits + part] = stats;
+// Makes this CTA's workspace writes visible device-wide, then takes a ticket of its row. True (in every
+// thread) for the CTA that took the row's last ticket: every other chunk's results are then visible to it.
+__device__ __forceinline__ bool took_last_ticket(unsigned* ticket, int splits, int* merges) {
+  __threadfence();  // release: this thread's writes before the ticket
+  __syncthreads();  // ...for every thread of the CTA
+  if (threadIdx.x == 0) *merges = atomicAdd(ticket, 1u) == static_cast<unsigned>(splits - 1) ? 1 : 0;
+  __syncthreads();
+  const bool last = *merges != 0;
+  if (last) __threadfence();  // acquire: the other CTAs' results are read after their tickets
+  return last;
 }
 
-// One CTA per row: merges the row's `splits` chunk results.
-template <typename C, typename TOut>
-__global__ void __launch_bounds__(kBlockThreads)
-    topk_split_merge_kernel(const typename CandFor<C>::Type* __restrict__ ws_cand,
-                            const RowStats<C>* __restrict__ ws_stats, int splits, int k, int cap, bool renormalize,
-                            TOut* __restrict__ values, int64_t* __restrict__ indices) {
-  using Ops = CandFor<C>;
+// The merging CTA: the row's (max, sum) from every chunk in chunk order (thread t merges chunks t, t + T,
+// ... then the fixed block tree: the same bits whichever CTA merges).
+template <typename C>
+__device__ RowStats<C> merged_row_stats(const RowStats<C>* chunk_stats, int splits, RowStats<C>* scratch) {
+  RowStats<C> stats = empty_stats<C>();
+#pragma unroll 1
+  for (int part = threadIdx.x; part < splits; part += blockDim.x) {
+    stats = merge_stats(stats, load_stats_cg(chunk_stats + part));
+  }
+  return block_merge_stats(stats, scratch);
+}
+
+// The merging CTA: streams the other chunks' candidates (own chunk `own` is already in buf[0, count)) through
+// the buffer, keeping those at or above `threshold` (a lower bound of the row's k-th best: the own chunk's
+// k-th, or none), compacting when the next step could overflow. Returns the count of the row's k best.
+template <typename Ops>
+__device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int splits, int own, int k, int cap,
+                                      typename Ops::Type threshold, typename Ops::Type* buf, int count,
+                                      SelectScratch& s) {
   using Cand = typename Ops::Type;
   constexpr int kPerThread = kMergeChunk / kBlockThreads;
-  static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* buf = reinterpret_cast<Cand*>(smem_raw);
-  __shared__ BlockScratch<C> scratch;
-  SelectScratch& s = scratch.select;
-
-  const int64_t row = blockIdx.x;
-  // (max, sum): thread t merges chunks t, t + T, ... in order, then the fixed block tree.
-  RowStats<C> stats = empty_stats<C>();
-  for (int part = threadIdx.x; part < splits; part += blockDim.x) stats = merge_stats(stats, ws_stats[row * splits + part]);
-  stats = block_merge_stats(stats, scratch.stats);
-
+  static_assert(kPerThread * kBlockThreads == kMergeChunk && kPerThread <= 32, "one mask bit per candidate");
   const int64_t total = static_cast<int64_t>(splits) * k;
-  const Cand* src = ws_cand + row * total;
-  Cand threshold = Ops::none();  // at_least(c, none) with better(c, none): every real candidate
-  if (threadIdx.x == 0) s.count = 0;
-  __syncthreads();
+  const int64_t own_lo = static_cast<int64_t>(own) * k;
+  const int64_t own_hi = own_lo + k;
+#pragma unroll 1
   for (int64_t base = 0; base < total; base += kMergeChunk) {
+    // Invariant: count <= cap - kMergeChunk (this step appends at most kMergeChunk).
+    Cand c[kPerThread];
+    uint32_t take = 0;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int64_t i = base + j * kBlockThreads + threadIdx.x;
-      const Cand c = i < total ? src[i] : Ops::none();
-      warp_append<Ops>(buf, &s.count, Ops::better(c, Ops::none()) && Ops::at_least(c, threshold), c);
+      const bool mine = i >= own_lo && i < own_hi;
+      c[j] = i < total && !mine ? Ops::load_cg(row_cand + i) : Ops::none();
+      if (Ops::better(c[j], Ops::none()) && Ops::at_least(c[j], threshold)) take |= 1u << j;
     }
+    append_selected<Ops>(buf, &s.count, take, [&](int b) { return pick(c, b); });
     __syncthreads();
-    const int count = s.count;
+    count = s.count;
     if (count > cap - kMergeChunk) {
       threshold = block_radix_threshold<Ops>(buf, count, k, s);
-      block_compact<Ops>(buf, count, threshold, s);
+      count = block_compact<Ops>(buf, count, threshold, s);
     } else {
-      __syncthreads();
+      __syncthreads();  // every thread has read s.count before the next step appends
     }
   }
-  __syncthreads();
-  int count = s.count;
   if (count > k) {
     const Cand kth = block_radix_threshold<Ops>(buf, count, k, s);
     count = block_compact<Ops>(buf, count, kth, s);
   }
+  return count;
+}
+
+// One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum) into the workspace;
+// the CTA that finishes its row last merges the row and writes it (one launch, no second kernel).
+template <typename TIn, typename TOut, bool kVectorLoads>
+__global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
+    topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
+                          int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
+                          SplitWorkspace<compute_t<TIn>> ws) {
+  using Chunk = ChunkTopk<TIn, kVectorLoads>;
+  using C = typename Chunk::C;
+  using Ops = typename Chunk::Ops;
+  using Cand = typename Ops::Type;
+  static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  auto* buf = reinterpret_cast<Cand*>(smem_raw);
+  __shared__ BlockScratch<C> scratch;
+
+  const int64_t row = blockIdx.x / splits;
+  const int part = static_cast<int>(blockIdx.x % splits);
+  const int64_t lo = part * chunk;
+  const int64_t hi = min(n, lo + chunk);
+  RowStats<C> stats;
+  Cand kth = Ops::none();
+  int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select,
+                         stats, &kth);
+  stats = block_merge_stats(stats, scratch.stats);
+  Cand* row_cand = ws.cand + row * splits * k;
+  Cand* out = row_cand + static_cast<int64_t>(part) * k;
+  for (int r = threadIdx.x; r < k; r += blockDim.x) out[r] = r < count ? buf[r] : Ops::none();
+  if (threadIdx.x == 0) ws.stats[row * splits + part] = stats;
+  if (!took_last_ticket(ws.tickets + row, splits, &scratch.merges)) return;
+
+  stats = merged_row_stats(ws.stats + row * splits, splits, scratch.stats);
+  // A chunk that kept k candidates bounds the row's k-th best from below: k distinct values reach its kth.
+  count = merge_chunk_candidates<Ops>(row_cand, splits, part, k, cap, kth, buf, count, scratch.select);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
-template <typename TIn, typename TOut>
+template <typename TIn, typename TOut, bool kVectorLoads>
 cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                                  cudaStream_t stream) {
   using C = compute_t<TIn>;
@@ -267,26 +429,31 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
   const auto* x = static_cast<const TIn*>(ptrs.x);
   auto* values = static_cast<TOut*>(ptrs.values);
   if (plan.kernel == TopkKernel::kBlock) {
-    cudaError_t err = allow_dynamic_smem(topk_block_kernel<TIn, TOut>, smem);
+    const auto kernel = topk_block_kernel<TIn, TOut, kVectorLoads>;
+    cudaError_t err = allow_dynamic_smem(kernel, smem);
     if (err != cudaSuccess) return err;
-    topk_block_kernel<TIn, TOut><<<static_cast<unsigned>(problem.rows), kBlockThreads, smem, stream>>>(
-        x, values, ptrs.indices, problem.n, k, cap, problem.renormalize, plan.vector_loads);
+    kernel<<<static_cast<unsigned>(problem.rows), kBlockThreads, smem, stream>>>(x, values, ptrs.indices, problem.n, k,
+                                                                                 cap, problem.renormalize);
     return cudaGetLastError();
   }
   const int64_t chunk = split_chunk_elems(problem.n, plan.splits);
   const int splits = static_cast<int>(split_count(problem.n, plan.splits));
-  auto* ws_cand = static_cast<Cand*>(ptrs.workspace);
-  auto* ws_stats = reinterpret_cast<RowStats<C>*>(ws_cand + problem.rows * splits * problem.k);
-  cudaError_t err = allow_dynamic_smem(topk_split_chunk_kernel<TIn>, smem);
+  const SplitWorkspaceLayout layout = split_workspace_layout(problem.in_dtype, problem.rows, problem.n, problem.k,
+                                                             plan.splits);
+  auto* base = static_cast<unsigned char*>(ptrs.workspace);
+  SplitWorkspace<C> ws;
+  ws.cand = reinterpret_cast<Cand*>(base + layout.cand_offset);
+  ws.stats = reinterpret_cast<RowStats<C>*>(base + layout.stats_offset);
+  ws.tickets = reinterpret_cast<unsigned*>(base + layout.tickets_offset);
+  // The tickets start at 0 (the workspace comes uninitialised from the caching allocator). A memset node:
+  // legal in CUDA graph capture, and far cheaper than the second kernel it replaces.
+  cudaError_t err = cudaMemsetAsync(ws.tickets, 0, static_cast<size_t>(problem.rows) * sizeof(unsigned), stream);
   if (err != cudaSuccess) return err;
-  topk_split_chunk_kernel<TIn><<<static_cast<unsigned>(problem.rows * splits), kBlockThreads, smem, stream>>>(
-      x, problem.n, k, cap, chunk, splits, plan.vector_loads, ws_cand, ws_stats);
-  err = cudaGetLastError();
+  const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads>;
+  err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
-  err = allow_dynamic_smem(topk_split_merge_kernel<C, TOut>, smem);
-  if (err != cudaSuccess) return err;
-  topk_split_merge_kernel<C, TOut><<<static_cast<unsigned>(problem.rows), kBlockThreads, smem, stream>>>(
-      ws_cand, ws_stats, splits, k, cap, problem.renormalize, values, ptrs.indices);
+  kernel<<<static_cast<unsigned>(problem.rows * splits), kBlockThreads, smem, stream>>>(
+      x, values, ptrs.indices, problem.n, k, cap, chunk, splits, problem.renormalize, ws);
   return cudaGetLastError();
 }
 
@@ -295,8 +462,10 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
 cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                               cudaStream_t stream) {
   return dispatch_in_out(problem.in_dtype, problem.out_dtype, [&](auto in_tag, auto out_tag) {
-    return launch_block_kernels<typename decltype(in_tag)::type, typename decltype(out_tag)::type>(problem, plan,
-                                                                                                 ptrs, stream);
+    using TIn = typename decltype(in_tag)::type;
+    using TOut = typename decltype(out_tag)::type;
+    return plan.vector_loads ? launch_block_kernels<TIn, TOut, true>(problem, plan, ptrs, stream)
+                             : launch_block_kernels<TIn, TOut, false>(problem, plan, ptrs, stream);
   });
 }
 

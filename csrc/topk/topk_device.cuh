@@ -34,10 +34,66 @@ __device__ __forceinline__ C quiet_nan() {
 
 // ---- element loads and stores ---------------------------------------------------------------------
 
-// 16 bytes of T as compute-type values. `stream`: evict-first (data read once).
+// 16 bytes of T, as loaded (no conversion yet): lets a kernel keep the next tile in flight in half the
+// registers its compute-type values would take. `kStream`: evict-first (data read once).
 template <typename T, bool kStream>
-__device__ __forceinline__ void load_vec16(const T* ptr, compute_t<T> (&out)[16 / sizeof(T)]) {
-  const uint4 raw = kStream ? __ldcs(reinterpret_cast<const uint4*>(ptr)) : *reinterpret_cast<const uint4*>(ptr);
+__device__ __forceinline__ uint4 load_raw16(const T* ptr) {
+  return kStream ? __ldcs(reinterpret_cast<const uint4*>(ptr)) : *reinterpret_cast<const uint4*>(ptr);
+}
+
+// The bits of one T, and of T's -inf (the pad value of partial tiles).
+template <typename T>
+using ElementBits = std::conditional_t<sizeof(T) == 2, uint16_t, std::conditional_t<sizeof(T) == 4, uint32_t, uint64_t>>;
+
+template <typename T>
+__device__ __forceinline__ ElementBits<T> element_bits(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return __float_as_uint(v);
+  } else if constexpr (std::is_same_v<T, double>) {
+    return static_cast<uint64_t>(__double_as_longlong(v));
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return __half_as_ushort(v);
+  } else {
+    return __bfloat16_as_ushort(v);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ constexpr ElementBits<T> neg_inf_bits() {
+  if constexpr (std::is_same_v<T, float>) {
+    return 0xff800000u;
+  } else if constexpr (std::is_same_v<T, double>) {
+    return 0xfff0000000000000ull;
+  } else if constexpr (std::is_same_v<T, __half>) {
+    return 0xfc00u;
+  } else {
+    return 0xff80u;
+  }
+}
+
+// 16 / sizeof(T) element bits packed as a 16-byte load would have read them (element 0 lowest).
+template <typename T>
+__device__ __forceinline__ uint4 pack_raw16(const ElementBits<T> (&e)[16 / sizeof(T)]) {
+  uint32_t w[4];
+  if constexpr (sizeof(T) == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = static_cast<uint32_t>(e[2 * i]) | (static_cast<uint32_t>(e[2 * i + 1]) << 16);
+  } else if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) w[i] = e[i];
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      w[2 * i] = static_cast<uint32_t>(e[i]);
+      w[2 * i + 1] = static_cast<uint32_t>(e[i] >> 32);
+    }
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// 16 bytes of T (as load_raw16 returns them) as compute-type values.
+template <typename T>
+__device__ __forceinline__ void unpack_raw16(uint4 raw, compute_t<T> (&out)[16 / sizeof(T)]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
   if constexpr (std::is_same_v<T, float>) {
 #pragma unroll
@@ -55,6 +111,12 @@ __device__ __forceinline__ void load_vec16(const T* ptr, compute_t<T> (&out)[16 
 #pragma unroll
     for (int i = 0; i < 8; ++i) out[i] = __uint_as_float(i % 2 ? (w[i / 2] & 0xffff0000u) : (w[i / 2] << 16));
   }
+}
+
+// 16 bytes of T as compute-type values. `stream`: evict-first (data read once).
+template <typename T, bool kStream>
+__device__ __forceinline__ void load_vec16(const T* ptr, compute_t<T> (&out)[16 / sizeof(T)]) {
+  unpack_raw16<T>(load_raw16<T, kStream>(ptr), out);
 }
 
 template <typename T>
@@ -159,6 +221,8 @@ struct PackedCand {
   static __device__ __forceinline__ Key key(Type c) { return static_cast<Key>(c >> 32); }
   static __device__ __forceinline__ uint32_t index(Type c) { return ~static_cast<uint32_t>(c); }
   static __device__ __forceinline__ Type none() { return 0ull; }
+  // A load through L2 only (another CTA of this launch wrote it).
+  static __device__ __forceinline__ Type load_cg(const Type* p) { return __ldcg(p); }
   static __device__ __forceinline__ bool better(Type a, Type b) { return a > b; }
   static __device__ __forceinline__ bool at_least(Type a, Type b) { return a >= b; }
   static __device__ __forceinline__ Type shfl_xor(Type c, int lane_mask, int width) {
@@ -185,6 +249,7 @@ struct WideCand {
   static __device__ __forceinline__ Key key(const Type& c) { return c.key; }
   static __device__ __forceinline__ uint32_t index(const Type& c) { return ~c.nidx; }
   static __device__ __forceinline__ Type none() { return {0ull, 0u}; }
+  static __device__ __forceinline__ Type load_cg(const Type* p) { return {__ldcg(&p->key), __ldcg(&p->nidx)}; }
   static __device__ __forceinline__ bool better(const Type& a, const Type& b) {
     return a.key > b.key || (a.key == b.key && a.nidx > b.nidx);
   }
@@ -232,6 +297,16 @@ __device__ __forceinline__ double exp_shifted(double x, double m) { return exp(x
 __device__ __forceinline__ float exp_precise(float x) { return expf(x); }
 __device__ __forceinline__ double exp_precise(double x) { return exp(x); }
 
+// The factor exp(old_max - new_max) that rescales a partial sum to a new max. libm accuracy, unlike the
+// per-element terms: a thread's partial sum is multiplied by ~10 such factors (rescales, the warp butterfly,
+// the warp merges) on its way to the row total, so a systematic ~2 ulp bias of MUFU.EX2 would compound ~10x
+// (the fp32 1024x50000 k50 accuracy failure, benchmarks/notes-topk-tuning.md section 5); one expf per
+// rescale or merge costs ~6 instructions more and enters each partial sum once.
+template <typename C>
+__device__ __forceinline__ C rescale_factor(C old_max, C new_max) {
+  return exp_precise(old_max - new_max);
+}
+
 // Running max and sum of exp(x - max). max == -inf means every value seen was -inf or NaN; then the sum
 // holds 0, or NaN once a NaN was seen (NaN never becomes the max: fmax drops it, the sum keeps it).
 // Torch's special values follow: a NaN or +inf in the row makes the sum NaN; an all -inf row is NaN
@@ -247,29 +322,65 @@ __device__ __forceinline__ RowStats<C> empty_stats() {
   return {neg_inf<C>(), C(0)};
 }
 
+// Raises s.max to group_max (the max of values about to be added), rescaling the sum once.
+template <typename C>
+__device__ __forceinline__ void raise_max(RowStats<C>& s, C group_max) {
+  if (group_max > s.max) {
+    if (s.max != neg_inf<C>()) s.sum *= rescale_factor(s.max, group_max);
+    s.max = group_max;
+  }
+}
+
+// The shift for a group's terms: while the max is -inf every value so far is -inf or NaN, and exp(x - 0)
+// gives 0 or NaN, never overflows.
+template <typename C>
+__device__ __forceinline__ C term_shift(const RowStats<C>& s) {
+  return s.max == neg_inf<C>() ? C(0) : s.max;
+}
+
 // Folds V values (pads are -inf) with one exp each: max of the group first, then the sum.
 template <typename C, int V>
 __device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[V]) {
   C group_max = x[0];
 #pragma unroll
   for (int j = 1; j < V; ++j) group_max = fmax(group_max, x[j]);
-  if (group_max > s.max) {
-    if (s.max != neg_inf<C>()) s.sum *= exp_shifted(s.max, group_max);
-    s.max = group_max;
-  }
-  // While the max is -inf every value so far is -inf or NaN: exp(x - 0) gives 0 or NaN, never overflows.
-  const C shift = s.max == neg_inf<C>() ? C(0) : s.max;
+  raise_max(s, group_max);
+  const C shift = term_shift(s);
 #pragma unroll
   for (int j = 0; j < V; ++j) s.sum += exp_shifted(x[j], shift);
+}
+
+// A whole U x V tile at once: one max check and at most one rescale per tile instead of one per vector.
+template <typename C, int U, int V>
+__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V]) {
+  C group_max = x[0][0];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) group_max = fmax(group_max, x[u][j]);
+  }
+  raise_max(s, group_max);
+  const C shift = term_shift(s);
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) s.sum += exp_shifted(x[u][j], shift);
+  }
 }
 
 // The online-softmax merge; a side whose max is -inf keeps its 0 (or NaN) unscaled.
 template <typename C>
 __device__ __forceinline__ RowStats<C> merge_stats(const RowStats<C>& a, const RowStats<C>& b) {
   const C m = fmax(a.max, b.max);
-  const C sa = a.max == neg_inf<C>() ? a.sum : a.sum * exp_shifted(a.max, m);
-  const C sb = b.max == neg_inf<C>() ? b.sum : b.sum * exp_shifted(b.max, m);
+  const C sa = a.max == neg_inf<C>() ? a.sum : a.sum * rescale_factor(a.max, m);
+  const C sb = b.max == neg_inf<C>() ? b.sum : b.sum * rescale_factor(b.max, m);
   return {m, sa + sb};
+}
+
+// A load through L2 only (another CTA of this launch wrote it).
+template <typename C>
+__device__ __forceinline__ RowStats<C> load_stats_cg(const RowStats<C>* p) {
+  return {__ldcg(&p->max), __ldcg(&p->sum)};
 }
 
 // The divisor of the probabilities: the sum, or NaN for an all -inf row (torch: exp(-inf - -inf) = NaN).
@@ -321,6 +432,60 @@ __device__ __forceinline__ void warp_append(typename Ops::Type* buf, int* counte
   if (lane == leader) base = atomicAdd(counter, __popc(mask));
   base = __shfl_sync(kFullMask, base, leader);
   if (take) buf[base + __popc(mask & ((1u << lane) - 1u))] = c;
+}
+
+// Reserves `n` consecutive slots of a buffer for every lane of the warp with ONE shared atomic per warp
+// (inclusive scan of n, the last lane adds the warp total); returns this lane's first slot. Every lane of
+// the warp calls it; lanes with n == 0 get an unused slot number.
+__device__ __forceinline__ int warp_reserve(int* counter, int n) {
+  const int lane = threadIdx.x % kWarpSize;
+  int inclusive = n;
+#pragma unroll
+  for (int offset = 1; offset < kWarpSize; offset *= 2) {
+    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
+    if (lane >= offset) inclusive += other;
+  }
+  int base = 0;
+  if (lane == kWarpSize - 1 && inclusive > 0) base = atomicAdd(counter, inclusive);
+  base = __shfl_sync(kFullMask, base, kWarpSize - 1);
+  return base + inclusive - n;
+}
+
+// v[b / N][b % N] for a run-time b < M * N without local memory (registers cannot be indexed): one
+// compare + select per entry, in place. A select tree would take log2 fewer instructions but keeps a second
+// copy of the tile live (+18 registers in the block kernel, measured with ptxas).
+template <typename X, int M, int N>
+__device__ __forceinline__ X pick(const X (&v)[M][N], int b) {
+  X x = v[0][0];
+#pragma unroll
+  for (int i = 1; i < M * N; ++i) x = b == i ? v[i / N][i % N] : x;
+  return x;
+}
+
+// flat[b] for a run-time b < N, as above.
+template <typename X, int N>
+__device__ __forceinline__ X pick(const X (&flat)[N], int b) {
+  X x = flat[0];
+#pragma unroll
+  for (int i = 1; i < N; ++i) x = b == i ? flat[i] : x;
+  return x;
+}
+
+// Appends the candidates whose bits are set in `take` (candidate(b) builds number b) at slots reserved with
+// one atomic per warp; returns popc(take). Every lane of the warp calls it. A lane usually has 0-1 bits set,
+// so the write loop runs about once, against one vote + atomic + shuffle per value for warp_append.
+template <typename Ops, typename MakeCandidate>
+__device__ __forceinline__ int append_selected(typename Ops::Type* buf, int* counter, uint32_t take,
+                                               MakeCandidate&& candidate) {
+  if (!__any_sync(kFullMask, take != 0)) return 0;
+  const int n = __popc(take);
+  int slot = warp_reserve(counter, n);
+  while (take != 0) {
+    const int b = __ffs(take) - 1;
+    take &= take - 1;
+    buf[slot++] = candidate(b);
+  }
+  return n;
 }
 
 struct DigitChoice {

@@ -6,8 +6,8 @@
 //   warp      one warp or sub-warp (1-32 lanes) per row, the row in registers: router rows, N <= 1024.
 //   block     one CTA per row: online (max, sum) and a threshold-filtered candidate buffer in shared memory,
 //             block radix select to compact it, bitonic sort of the final k.
-//   split_row several CTAs per row each produce (max, sum) and their chunk's top-k into a workspace; a second
-//             small kernel merges them in a fixed order (few rows x huge N).
+//   split_row several CTAs per row each produce (max, sum) and their chunk's top-k into a workspace; the CTA
+//             that finishes its row last (a per-row ticket) merges them, in one launch (few rows x huge N).
 //   radix     any k <= N: radix select over order-preserving integer keys (8-bit digits, one launch per digit,
 //             global histogram), gather of the k selected, sort, then a finalize kernel.
 #pragma once
@@ -57,7 +57,7 @@ inline size_t warp_smem_bytes(DType in, int lanes_per_row, int64_t k) {
 // block / split_row: 256-thread CTAs reading tiles of 4096 elements (16 B per thread per unrolled step).
 constexpr int kBlockThreads = 256;
 constexpr int kTileElems = 4096;
-// Candidates the merge kernel streams per step (8 per thread).
+// Candidates the split_row merge (the last CTA of a row) streams per step (8 per thread).
 constexpr int kMergeChunk = kBlockThreads * 8;
 // Free slots kept beyond k + one tile, so that a compaction runs only after this many insertions.
 constexpr int kCandidateSlack = 2048;
@@ -84,10 +84,24 @@ inline int64_t split_count(int64_t n, int64_t splits) {
   const int64_t chunk = split_chunk_elems(n, splits);
   return (n + chunk - 1) / chunk;
 }
-// Per (row, chunk): k candidates + the chunk's (max, sum) as two compute-type values.
-inline size_t split_workspace_bytes(DType in, int64_t rows, int64_t n, int64_t k, int64_t splits) {
+// Per (row, chunk): k candidates, then per (row, chunk) the chunk's (max, sum) as two compute-type values
+// (16-byte slots), then per row a 32-bit ticket (zeroed by the launch function before the kernel).
+struct SplitWorkspaceLayout {
+  size_t cand_offset = 0;
+  size_t stats_offset = 0;
+  size_t tickets_offset = 0;
+  size_t bytes = 0;
+};
+inline SplitWorkspaceLayout split_workspace_layout(DType in, int64_t rows, int64_t n, int64_t k, int64_t splits) {
   const size_t chunks = static_cast<size_t>(rows) * static_cast<size_t>(split_count(n, splits));
-  return chunks * (static_cast<size_t>(k) * candidate_bytes(in) + 16);
+  SplitWorkspaceLayout layout;
+  layout.stats_offset = chunks * static_cast<size_t>(k) * candidate_bytes(in);
+  layout.tickets_offset = layout.stats_offset + chunks * 16;
+  layout.bytes = layout.tickets_offset + static_cast<size_t>(rows) * 4;
+  return layout;
+}
+inline size_t split_workspace_bytes(DType in, int64_t rows, int64_t n, int64_t k, int64_t splits) {
+  return split_workspace_layout(in, rows, n, k, splits).bytes;
 }
 
 // radix: per row a 64-byte state and a 256-bin int32 histogram; per (row, chunk) a partial (max, sum).
