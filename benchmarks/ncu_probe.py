@@ -1,0 +1,48 @@
+"""Runs a few softmax-family calls and their copy yardstick once each, for Nsight Compute to time kernels.
+
+The bench's event timing of a small problem includes launch and L2-flush effects; under
+``ncu --metrics gpu__time_duration.sum`` each kernel's own duration is reported, so the two can be
+compared. One GPU call::
+
+    ncu --metrics gpu__time_duration.sum,dram__bytes.sum,sm__warps_active.avg.pct_of_peak_sustained_active \
+        python3 benchmarks/ncu_probe.py --shapes 4x16384,4x262144 --dtypes fp16
+"""
+
+from __future__ import annotations
+
+import argparse
+
+DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="4x16384,4x262144,128x1024,64x151936")
+    parser.add_argument("--dtypes", default="fp16")
+    parser.add_argument("--ops", default="softmax", help="softmax, log_softmax, softmax_backward")
+    args = parser.parse_args()
+
+    import torch
+
+    import softmax_ops
+
+    for dtype_name in args.dtypes.split(","):
+        dtype = getattr(torch, DTYPES[dtype_name])
+        for shape_text in args.shapes.split(","):
+            shape = tuple(int(v) for v in shape_text.split("x"))
+            x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+            y = torch.empty_like(x)
+            for op in args.ops.split(","):
+                print(f"--- {shape_text} {dtype_name} {op}: {softmax_ops.explain(shape, dtype, op=op)}", flush=True)
+                torch.cuda.synchronize()
+                y.copy_(x)
+                if op == "softmax_backward":
+                    out = softmax_ops.softmax(x, -1)
+                    torch.ops.softmax_ops.softmax_backward(x, out, -1, dtype)
+                else:
+                    getattr(softmax_ops, op)(x, -1)
+                torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
