@@ -27,6 +27,9 @@ struct Heuristics {
   // per SM). Measured on H200 (2026-11-22), rows of 4 KB per stream: warp 0.63-0.82 of copy, block 0.88-1.0
   // (2048x2048 and 32768x2048 fp16); at 2 KB the two are even (0.84-0.93).
   static constexpr int64_t kWarpMaxRowBytesBackward = 2048;
+  // Rows per SM the 8-pack warp kernel holds at once (4 CTAs of 4 warps, one row per warp): see
+  // warp_max_row_bytes.
+  static constexpr int64_t kWarpRowsPerSmOneWave = 16;
   // Packs per lane for rows of at most 32 packs (see plan_warp).
   static constexpr int kWarpShortRowPacks = 4;
 
@@ -259,7 +262,7 @@ class Chooser {
     if (p_.inner > 1) return ok(plan_strided(p_, props_), "the reduced dim is not the last one (inner size " +
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
-    const int64_t warp_max_bytes = p_.backward ? Heuristics::kWarpMaxRowBytesBackward : Heuristics::kWarpMaxRowBytes;
+    const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
       return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
                                            kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
@@ -407,6 +410,17 @@ class Chooser {
   }
 
   bool warp_fits() const { return g_.n_packs <= 32 * kWarpKernelMaxPacks; }
+
+  // The longest row (bytes per input) the warp kernel takes. 16-bit forward rows of 2-4 KB need 8 packs
+  // per lane (~123 registers, 16 warps per SM): one wave of rows runs best there (no barrier), but with
+  // more rows the block kernel's 32 threads x 8 packs at 64 registers (32 warps per SM) wins. H200,
+  // 2026-11-22: 2048x2048 fp16 warp 0.90 / block 0.81 of copy; 32768x2048 fp16 0.85 / 0.92, bf16 0.70 / 0.94.
+  int64_t warp_max_row_bytes() const {
+    if (p_.backward) return Heuristics::kWarpMaxRowBytesBackward;
+    const bool one_wave = g_.rows <= Heuristics::kWarpRowsPerSmOneWave * props_.sm_count;
+    if (g_.in_bytes == 2 && !one_wave) return Heuristics::kWarpMaxRowBytes / 2;
+    return Heuristics::kWarpMaxRowBytes;
+  }
 
   SoftmaxChoice forced() {
     const std::string& name = request_.forced;
