@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--shapes", default="4x16384,4x262144,128x1024,64x151936")
     parser.add_argument("--dtypes", default="fp16")
     parser.add_argument("--ops", default="softmax", help="softmax, log_softmax, softmax_backward")
+    parser.add_argument("--topk", default="", help="fused_topk cases ROWSxNkK, comma-separated (e.g. 16384x8k2)")
     args = parser.parse_args()
 
     import torch
@@ -41,6 +42,14 @@ def main() -> None:
                     torch.ops.softmax_ops.softmax_backward(x, out, -1, dtype)
                 else:
                     getattr(softmax_ops, op)(x, -1)
+                torch.cuda.synchronize()
+            for case in filter(None, args.topk.split(",")):
+                shape_text, k = case.split("k")
+                rows, cols = (int(v) for v in shape_text.split("x"))
+                logits = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
+                print(f"--- fused_topk {case} {dtype_name}", flush=True)
+                torch.cuda.synchronize()
+                softmax_ops.fused_topk(logits, int(k), -1, False, torch.float32)
                 torch.cuda.synchronize()
 
 
