@@ -29,7 +29,7 @@ def main() -> None:
 
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, DTYPES[dtype_name])
-        for shape_text in args.shapes.split(","):
+        for shape_text in filter(None, args.shapes.split(",")):
             shape = tuple(int(v) for v in shape_text.split("x"))
             x = torch.randn(shape, device="cuda", dtype=dtype) * 3
             y = torch.empty_like(x)
