@@ -43,14 +43,14 @@ def main() -> None:
                 else:
                     getattr(softmax_ops, op)(x, -1)
                 torch.cuda.synchronize()
-            for case in filter(None, args.topk.split(",")):
-                shape_text, k = case.split("k")
-                rows, cols = (int(v) for v in shape_text.split("x"))
-                logits = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
-                print(f"--- fused_topk {case} {dtype_name}", flush=True)
-                torch.cuda.synchronize()
-                softmax_ops.fused_topk(logits, int(k), -1, False, torch.float32)
-                torch.cuda.synchronize()
+        for case in filter(None, args.topk.split(",")):
+            shape_text, k = case.split("k")
+            rows, cols = (int(v) for v in shape_text.split("x"))
+            logits = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
+            print(f"--- fused_topk {case} {dtype_name}", flush=True)
+            torch.cuda.synchronize()
+            softmax_ops.fused_topk(logits, int(k), -1, False, torch.float32)
+            torch.cuda.synchronize()
 
 
 if __name__ == "__main__":
