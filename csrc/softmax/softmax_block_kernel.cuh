@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
           C v[S];
 #pragma unroll
           for (int s = 0; s < S; ++s) v[s] = cached_element<C>(pack_of_stream(s), j);
-          fn(v);
+          fn(v, j);
         }
       };
 #pragma unroll

@@ -82,6 +82,15 @@ __device__ __forceinline__ C negative_infinity() {
   return -static_cast<C>(INFINITY);
 }
 
+// Independent accumulator chains per thread in accumulate (see ForwardOp::accumulate).
+constexpr int kIlp = 4;
+
+// Combines the kIlp accumulators pairwise, in a fixed order (bitwise reproducible).
+template <typename T, typename F>
+__device__ __forceinline__ T reduce_ilp(const T (&parts)[kIlp], F&& combine) {
+  return combine(combine(parts[0], parts[1]), combine(parts[2], parts[3]));
+}
+
 // softmax / log_softmax forward. Acc is the online (max, sum) state: sum of exp(x - max).
 template <typename In_, typename Out_>
 struct ForwardOp {
@@ -104,18 +113,25 @@ struct ForwardOp {
 
   // Folds a chunk into the running state with one exponential per element plus one per chunk (the
   // rescale of the running sum), never three per element as a per-element online update would.
-  // `visit(f)` calls f(const C* v) for every element of the chunk.
+  // `visit(f)` calls f(const C* v, int j) for every element of the chunk, j being the element's place in
+  // its pack (a compile-time constant once unrolled): element j feeds accumulator j % kIlp, so the max and
+  // the sum run as kIlp independent chains. One chain made a thread with 64 cached values wait ~4 cycles
+  // per element (Nsight Compute, H200: 5.6 cycles per issued instruction, a 16 KB-per-CTA kernel 8 us).
   template <typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    C chunk_max = negative_infinity<C>();
-    visit([&](const C* v) { chunk_max = row_max(chunk_max, v[0]); });
+    C maxes[kIlp];
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<C>();
+    visit([&](const C* v, int j) { maxes[j % kIlp] = row_max(maxes[j % kIlp], v[0]); });
+    const C chunk_max = reduce_ilp(maxes, [](C a, C b) { return row_max(a, b); });
     // All -inf (or padding): nothing to add. A NaN compares false and goes on to poison the sum.
     if (chunk_max == negative_infinity<C>()) return acc;
     const C m = nan_max(acc.max, chunk_max);
     // The chunk is summed on its own first: a long row then adds one chunk sum at a time to the running
     // sum, not thousands of terms far below its ulp (which would be lost, biasing the sum low).
-    C chunk_sum = C(0);
-    visit([&](const C* v) { chunk_sum += Exp::exp_from(v[0], m); });
+    C sums[kIlp] = {};
+    visit([&](const C* v, int j) { sums[j % kIlp] += Exp::exp_from(v[0], m); });
+    const C chunk_sum = reduce_ilp(sums, [](C a, C b) { return a + b; });
     // exp(-inf) = 0 covers the empty running state; the factor is exactly 1 when the max did not move.
     return {m, acc.sum * Exp::exp_from(acc.max, m) + chunk_sum};
   }
@@ -172,13 +188,13 @@ struct BackwardOp {
 
   template <typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    double chunk_sum = 0.0;  // see ForwardOp::accumulate
+    double sums[kIlp] = {};  // see ForwardOp::accumulate
     if (log) {
-      visit([&](const C* v) { chunk_sum += static_cast<double>(v[0]); });
+      visit([&](const C* v, int j) { sums[j % kIlp] += static_cast<double>(v[0]); });
     } else {
-      visit([&](const C* v) { chunk_sum += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
+      visit([&](const C* v, int j) { sums[j % kIlp] += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
     }
-    return acc + chunk_sum;
+    return acc + reduce_ilp(sums, [](double a, double b) { return a + b; });
   }
 
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) { return a + b; }

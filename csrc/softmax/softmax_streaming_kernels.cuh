@@ -58,7 +58,7 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
             C v[S];
 #pragma unroll
             for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
-            fn(v);
+            fn(v, j);
           }
         }
       });
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kStreamingMaxThreads) softmax_strided_kernel(R
           C v[S];
 #pragma unroll
           for (int s = 0; s < S; ++s) v[s] = values[s][u];
-          fn(v);
+          fn(v, u);
         }
       });
     }

@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
           C v[S];
 #pragma unroll
           for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
-          fn(v);
+          fn(v, j);
         }
       }
     };
