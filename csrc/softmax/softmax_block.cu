@@ -21,10 +21,11 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
       return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto reg_packs) -> cudaError_t {
         constexpr int kVec = std::decay_t<decltype(vec)>::value;
         constexpr int kRegPacks = std::decay_t<decltype(reg_packs)>::value;
-        if constexpr (kRegPacks == kMaxRegPacks<Op>) {
+        // Fewer packs than the maximum: few-rows clusters spread over threads (cache_shape), vector path only.
+        if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           return fn(softmax_block_kernel<Op, kVec, kRegPacks>, args);
         } else {
-          return cudaErrorInvalidValue;  // never planned: cache_shape always fills max_block_reg_packs
+          return cudaErrorInvalidValue;  // never planned: see cache_shape
         }
       });
     });

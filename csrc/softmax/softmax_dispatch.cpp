@@ -51,10 +51,12 @@ struct Heuristics {
   // torch eager for exactly this reason), so rows are split over a cluster of CTAs.
   static constexpr double kFewRowsPerSm = 1.0;
 
-  // Cluster chunk of at least 16 KB per CTA: below that the cluster barrier + DSMEM exchange (~1-2 us)
-  // costs more than the extra SMs save. Clusters up to 8 CTAs are portable; 16 needs the non-portable
-  // opt-in and a whole GPC, so it is only used when the occupancy API says one fits.
-  static constexpr int64_t kClusterMinChunkBytes = 16 * 1024;
+  // Cluster chunk of at least 2 KB per CTA (see widest_cluster; a 16 KB minimum measured worse). Clusters
+  // up to 8 CTAs are portable; 16 needs the non-portable opt-in and a whole GPC, so it is only used when
+  // the occupancy API says they fit.
+  static constexpr int64_t kClusterMinChunkBytes = 2 * 1024;
+  // Threads per CTA a few-rows cluster spreads its chunk over before adding register packs per thread.
+  static constexpr int kSpreadThreads = 128;
   static constexpr int kPortableClusterMax = 8;
   static constexpr int kClusterMax = 16;
 
@@ -177,8 +179,17 @@ struct CacheShape {
   size_t smem_bytes;
 };
 
-std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget) {
+// spread_threads > 0 (few rows, latency-bound): the fewest register packs per thread that keep the CTA
+// within that many threads, so each thread's dependent chain of max / sum steps stays short.
+std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget,
+                                      int spread_threads = 0) {
   packs = std::max<int64_t>(packs, 1);
+  if (spread_threads > 0 && g.vec > 1) {
+    for (int reg_packs = 1; reg_packs < g.max_reg_packs; reg_packs *= 2) {
+      const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
+      if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
+    }
+  }
   const int reg_packs = g.max_reg_packs;  // see the heuristic above; the only bucket for single elements
   const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
@@ -302,7 +313,7 @@ class Chooser {
   SoftmaxChoice choose_few_rows() {
     const std::string why_few = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs";
     const bool worth_splitting = ceil_div(props_.sm_count, g_.rows) > 1 &&
-                                 g_.row_bytes >= 2 * Heuristics::kClusterMinChunkBytes;
+                                 g_.row_bytes >= 2 * Heuristics::kClusterMinChunkBytes;  // >= 4 KB rows
     if (!worth_splitting || !clusters_supported()) {
       if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
         return ok(plan_cached(g_, props_, *shape, 1),
@@ -312,7 +323,10 @@ class Chooser {
       }
     }
     if (worth_splitting) {
-      if (auto choice = balanced_cluster()) {
+      auto choice = widest_cluster();
+      if (!choice) choice = try_clusters(2, /*exclusive=*/false);
+      if (!choice) choice = try_clusters(2, /*exclusive=*/true);
+      if (choice) {
         choice->reason = why_few + ": " + choice->reason;
         return *choice;
       }
@@ -322,44 +336,31 @@ class Chooser {
                   "two launches, partial (max, sum) per chunk merged in fixed order, then normalise");
   }
 
-  // Few rows: the cluster size that minimises what the busiest SM must cache and normalise,
-  //   waves x ceil(CTAs per wave / SMs) x chunk bytes,
-  // over sizes whose chunk is at least kClusterMinChunkBytes, first with CTAs that leave room for a second
-  // on their SM, then with CTAs that own it. A later candidate must be 3% cheaper to win: two CTAs per SM
-  // overlap one's loads with the other's reduction, and smaller clusters synchronise fewer CTAs.
-  // (Taking the smallest size that covers the SMs, 64 x 151936 fp16 ran clusters of 3 = 192 CTAs, two
-  // per SM on 60 SMs and one on the rest: the busiest SM cached 200 KB where 148 KB is possible.)
-  std::optional<SoftmaxChoice> balanced_cluster() {
-    std::optional<SoftmaxPlan> best;
-    double best_cost = 0.0;
-    int64_t best_chunk_bytes = 0;
+  // Few rows: the widest cluster (most CTAs per row, up to kClusterMax) whose chunks are at least
+  // kClusterMinChunkBytes and whose clusters all fit on the device at once, first with CTAs that leave room
+  // for a second on their SM, then with CTAs that own it; its CTAs use up to kSpreadThreads threads with
+  // few packs each. Few rows are latency-bound, not bandwidth-bound: each CTA loads, then folds its chunk
+  // in a dependent chain, then stores, so the more CTAs and threads share a row the shorter that chain.
+  // H200, 2026-11-22: clusters of 16 (1 pack per thread) against the 16 KB-chunk rule's 2-8 gave
+  // 4x32768 bf16 0.64 vs 0.54 of copy, 4x65536 bf16 0.69 vs 0.61, 3x100003 fp16 0.50 vs 0.43.
+  std::optional<SoftmaxChoice> widest_cluster() {
     for (const bool exclusive : {false, true}) {
       const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kSharedCtaMaxThreads;
       const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
-      for (int cluster = 2; cluster <= Heuristics::kClusterMax; ++cluster) {
+      for (int cluster = Heuristics::kClusterMax; cluster >= 2; --cluster) {
         const int64_t chunk = ceil_div(g_.n_packs, cluster);
         const int64_t chunk_bytes = chunk * g_.pack_bytes * g_.streams;
-        if (cluster > 2 && chunk_bytes < Heuristics::kClusterMinChunkBytes) break;
-        const auto shape = cache_shape(chunk, g_, max_threads, budget);
+        if (chunk_bytes < Heuristics::kClusterMinChunkBytes) continue;
+        const auto shape = cache_shape(chunk, g_, max_threads, budget, Heuristics::kSpreadThreads);
         if (!shape) continue;
         const SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
-        const int64_t resident = resident_clusters(plan);
-        if (resident == 0) continue;
-        const int64_t per_wave = std::min(g_.rows, resident);
-        const double cost = static_cast<double>(ceil_div(g_.rows, per_wave) *
-                                                ceil_div(per_wave * cluster, props_.sm_count) * chunk_bytes);
-        if (!best || cost < 0.97 * best_cost) {
-          best = plan;
-          best_cost = cost;
-          best_chunk_bytes = chunk_bytes;
-        }
+        if (resident_clusters(plan) < g_.rows) continue;
+        return ok(plan, "a cluster of " + std::to_string(cluster) + " CTAs per row (the most that fit in one " +
+                            "wave), each caching " + kib(chunk_bytes) + " on chip; partial (max, sum) merged " +
+                            "through distributed shared memory in fixed order: one read, one write");
       }
     }
-    if (!best) return std::nullopt;
-    return ok(*best, "a cluster of " + std::to_string(best->cluster) + " CTAs per row, each caching " +
-                         kib(best_chunk_bytes) + " on chip (the size that gives the busiest SM the fewest bytes, " +
-                         kib(static_cast<int64_t>(best_cost)) + "); partial (max, sum) merged through " +
-                         "distributed shared memory in fixed order: one read, one write");
+    return std::nullopt;
   }
 
   // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
