@@ -326,6 +326,21 @@ def test_forced_kernel_backward(kernel, in_dtype, out_dtype, n, op):
         check_backward(op, x, -1, out_dtype)
 
 
+# Fewer rows than SMs: the dispatcher's own choice spreads a row over a cluster of up to 16 CTAs with
+# 1, 2, 4 or 8 register packs per thread (widest_cluster); n at and around those buckets (fp16: 16 CTAs x
+# 128 threads x 1 pack = 16384), an odd n (single-element path), every dtype, forward and backward.
+FEW_ROW_SIZES = [1024, 4096, 16384, 16392, 32776, 65544, 131080, 262144, 100003]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("n", FEW_ROW_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_few_rows_dispatcher_choice(n, dtype, op):
+    x = make_input((3, n), dtype, seed=n + 7)
+    check_forward(op, x, -1, None)
+    check_backward(op, x, -1, None)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("forced", [None, "strided"])
 @pytest.mark.parametrize("shape,dim", STRIDED_CASES)
