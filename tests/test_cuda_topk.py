@@ -16,7 +16,7 @@ import softmax_ops
 # The kernel menu exists in every build with CUDA sources (explain needs no GPU); a CPU-only build has none.
 requires_topk_menu = pytest.mark.skipif(not softmax_ops.list_kernels("topk"), reason="CPU-only build")
 
-TOPK_KERNELS = ["warp", "block", "split_row", "radix"]
+TOPK_KERNELS = ["warp", "block", "split_row", "radix", "rows"]
 BACKWARD_KERNELS = ["block", "split"]
 
 # Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
@@ -27,10 +27,13 @@ WARP_MAX_N = {torch.float64: 512}  # default 1024
 BLOCK_NS = [1, 7, 100, 1000, 1025, 4095, 4096, 4097, 8193]
 SPLIT_NS = [100, 4097, 8192, 12289, 20000]
 RADIX_NS = [1, 7, 100, 1025, 4097, 20000]
-NS_BY_KERNEL = {"warp": WARP_NS, "block": BLOCK_NS, "split_row": SPLIT_NS, "radix": RADIX_NS}
+# rows: 1-16 threads per row of up to 32 values each (a vector is 8 values for 16-bit dtypes, 4 for float32),
+# k <= 8, no float64.
+ROWS_NS = [1, 2, 7, 8, 9, 31, 32, 33, 60, 64, 100, 128, 160, 256, 257, 384, 511, 512]
+NS_BY_KERNEL = {"warp": WARP_NS, "block": BLOCK_NS, "split_row": SPLIT_NS, "radix": RADIX_NS, "rows": ROWS_NS}
 # Rows per test: the warp kernel packs several rows per warp and several warps per CTA (odd counts leave
 # partial warps); the CTA-per-row kernels need fewer.
-ROWS_BY_KERNEL = {"warp": 37, "block": 3, "split_row": 3, "radix": 3}
+ROWS_BY_KERNEL = {"warp": 37, "block": 3, "split_row": 3, "radix": 3, "rows": 37}
 K_KINDS = ["1", "2", "small", "large", "N"]
 
 GRADCHECK_CASES = [((3, 7), 3, -1), ((2, 5, 3), 2, 1), ((4, 6), 6, -1), ((2, 40), 5, -1), ((1, 70), 70, -1)]
@@ -39,7 +42,7 @@ BACKWARD_CASES = [((8, 96), 5, -1), ((5, 60), 4, -1), ((3, 5000), 50, -1), ((4, 
 
 def k_for(kind: str, n: int, kernel: str) -> int:
     """k of a given kind for a row of n (at most n): 1, 2, a router-like k, a large k, or k == N."""
-    large = 64 if kernel == "warp" else 700
+    large = {"warp": 64, "rows": 8}.get(kernel, 700)
     return min(n, {"1": 1, "2": 2, "small": 6, "large": large, "N": n}[kind])
 
 
@@ -49,6 +52,8 @@ def n_supported(kernel: str, n: int, k: int, dtype: torch.dtype) -> bool:
     float64; 227 KB per block on Hopper)."""
     if kernel == "warp":
         return n <= WARP_MAX_N.get(dtype, 1024)
+    if kernel == "rows":
+        return dtype != torch.float64 and n <= 512 and k <= 8
     if kernel in ("block", "split_row"):
         capacity = max(1 << (k - 1).bit_length(), k + 4096 + 2048)
         return capacity * (16 if dtype == torch.float64 else 8) + 2048 <= 227 * 1024
@@ -148,7 +153,7 @@ def test_forced_kernel_misaligned_rows(kernel, dtype):
 def test_forced_kernel_ties_go_to_lower_index(kernel, dtype):
     """Few distinct values: long runs of equal logits, across lanes, tiles, chunks and radix digits."""
     generator = torch.Generator().manual_seed(3)
-    for n, k in [(5, 3), (160, 40), (1000, 300), (9000, 50)]:
+    for n, k in [(5, 3), (64, 8), (160, 40), (1000, 300), (9000, 50)]:
         if not n_supported(kernel, n, k, dtype):
             continue
         x = torch.randint(0, 4, (4, n), generator=generator).to(dtype).cuda()
@@ -279,7 +284,7 @@ def test_router_shapes_automatic_choice(shape, k, dtype):
 @requires_cuda
 @pytest.mark.parametrize("kernel", TOPK_KERNELS)
 def test_forced_kernel_is_deterministic(kernel):
-    n, k = (1000, 20) if kernel == "warp" else (70000, 64)
+    n, k = {"warp": (1000, 20), "rows": (500, 8)}.get(kernel, (70000, 64))
     x = (torch.randn(5, n, generator=torch.Generator().manual_seed(2)) * 3).cuda()
     with softmax_ops.force_kernel("topk", kernel):
         first = softmax_ops.fused_topk(x, k, -1, True)
@@ -292,7 +297,7 @@ def test_forced_kernel_is_deterministic(kernel):
 @pytest.mark.parametrize("kernel", TOPK_KERNELS)
 def test_forced_kernel_cuda_graph_capture(kernel):
     """No host sync and caching-allocator-only workspaces: capture, replay on new data, compare."""
-    n, k = (500, 8) if kernel == "warp" else (9000, 30)
+    n, k = (500, 8) if kernel in ("warp", "rows") else (9000, 30)
     x = (torch.randn(4, n, generator=torch.Generator().manual_seed(4)) * 3).cuda()
     with softmax_ops.force_kernel("topk", kernel):
         softmax_ops.fused_topk(x, k, -1, True)  # warm-up outside the capture
@@ -313,6 +318,9 @@ def test_forced_kernel_on_impossible_shape_raises():
         ("warp", torch.float64, 513, 4),
         ("block", torch.float32, 30000, 30000),
         ("split_row", torch.float64, 20000, 12000),
+        ("rows", torch.float32, 513, 4),
+        ("rows", torch.float16, 100, 9),
+        ("rows", torch.float64, 64, 4),
     ]
     for kernel, dtype, n, k in cases:
         assert not n_supported(kernel, n, k, dtype)
@@ -439,7 +447,10 @@ def test_list_kernels_and_explain():
     assert softmax_ops.list_kernels("topk") == TOPK_KERNELS
     assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=6)
-    assert "kernel 'warp'" in text and "SMs" in text
+    assert "kernel 'rows'" in text and "SMs" in text
+    text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)
+    assert "kernel 'warp'" in text
+    assert "kernel 'warp'" in softmax_ops.explain((16384, 64), torch.float64, op="fused_topk", k=4)
     text = softmax_ops.explain((8, 262144), torch.bfloat16, op="fused_topk", k=50_000)
     assert "kernel 'radix'" in text  # beyond the candidate buffer whatever the heuristics
     with softmax_ops.force_kernel("topk", "block"):

@@ -34,6 +34,11 @@ struct TopkHeuristics {
   // Rows of at most this many values get one lane per value (scalar loads, one-slot rounds): 16384x8 k2
   // then runs 4096 warps instead of 512 (one 4-warp CTA per SM was pure latency: notes-topk-tuning.md §4).
   int64_t warp_scalar_max_n = 32;
+  // rows (the router kernel, topk_rows.cu): k <= kRowsMaxK, N <= kRowsMaxN, 16/32-bit inputs. Threads per
+  // row: the fewest that hold the row in 32 slots each, doubled while the grid has fewer than
+  // rows_min_warps_per_sm warps per SM and each thread keeps a whole 16-byte vector (16384x64 fp16: 4
+  // threads of 16 values). Fewer threads per row cost fewer merge steps (each ~K shuffles + a half-cleaner).
+  int64_t rows_min_warps_per_sm = 8;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
@@ -53,7 +58,11 @@ struct TopkHeuristics {
 };
 constexpr TopkHeuristics kHeuristics{};
 
-constexpr const char* kTopkNames[kNumTopkKernels] = {"warp", "block", "split_row", "radix"};
+// Forced-kernel names: the TopkKernel values in order, then "rows" (the warp family's thread-per-row
+// variant, TopkPlan::thread_rows).
+constexpr int kNumTopkNames = kNumTopkKernels + 1;
+constexpr const char* kTopkNames[kNumTopkNames] = {"warp", "block", "split_row", "radix", "rows"};
+constexpr int kRowsNameIndex = kNumTopkKernels;
 constexpr const char* kTopkBackwardNames[kNumTopkBackwardKernels] = {"block", "split"};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -70,6 +79,21 @@ int warp_lanes(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDevice
   return static_cast<int>(lanes);
 }
 
+bool rows_dtype(DType dtype) { return dtype != DType::kFloat64; }
+
+bool rows_fits(int64_t n, int64_t k, DType dtype) {
+  return rows_dtype(dtype) && n <= kRowsMaxN && k <= kRowsMaxK;
+}
+
+int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
+  int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
+  while (threads < kRowsMaxThreadsPerRow && n >= 2 * threads * vec_elems(dtype) &&
+         rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
+    threads *= 2;
+  }
+  return static_cast<int>(threads);
+}
+
 int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDeviceProps& props) {
   const int64_t min_chunk = std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k);
   const int64_t want = ceil_div(kHeuristics.split_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
@@ -83,6 +107,14 @@ int64_t radix_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
 
 int backward_threads(int64_t n, DType dtype) {
   return static_cast<int>(std::clamp<int64_t>(next_pow2(ceil_div(n, vec_elems(dtype))), 32, 512));
+}
+
+std::string rows_unsupported_reason(int64_t n, int64_t k, DType dtype) {
+  Text why;
+  if (!rows_dtype(dtype)) why << "float64 input (the rows kernel reads float16, bfloat16 and float32)";
+  if (n > kRowsMaxN) why << (why.str().empty() ? "" : "; ") << "N=" << n << " exceeds the " << kRowsMaxN << " values of 16 threads x " << kRowsSlotsPerThread;
+  if (k > kRowsMaxK) why << (why.str().empty() ? "" : "; ") << "k=" << k << " > " << kRowsMaxK;
+  return why.str();
 }
 
 // "" when `kernel` can run the problem, else why not.
@@ -125,6 +157,14 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.workspace_bytes = radix_workspace_bytes(rows, n, plan.splits);
       break;
   }
+  return plan;
+}
+
+TopkPlan rows_plan(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
+  TopkPlan plan;
+  plan.kernel = TopkKernel::kWarp;
+  plan.thread_rows = true;
+  plan.lanes_per_row = rows_threads(rows, n, dtype, props);
   return plan;
 }
 
@@ -217,9 +257,14 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       << rows << (rows == 1 ? " row" : " rows") << " of N=" << n << "): ";
   std::string why;
   const TopkPlan plan = resolve_topk_plan(rows, n, k, in, props, &why);
-  out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
+  out << "kernel '" << (plan.thread_rows ? kTopkNames[kRowsNameIndex] : topk_kernel_name(plan.kernel)) << "'";
   switch (plan.kernel) {
     case TopkKernel::kWarp:
+      if (plan.thread_rows) {
+        out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " thread" : " threads") << " per row, top-"
+            << next_pow2(k) << " lists in registers)";
+        break;
+      }
       out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " lane" : " lanes") << " per row, "
           << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
       break;
@@ -257,7 +302,7 @@ std::string explain_topk_backward(const std::string& op, const std::vector<int64
 }
 
 const bool kRegistered = [] {
-  register_kernel_family("topk", {std::vector<std::string>(std::begin(kTopkNames), std::end(kTopkNames)), &explain_topk});
+  register_kernel_family("topk", {std::vector<std::string>(std::begin(kTopkNames), std::end(kTopkNames)), &explain_topk});  // incl. "rows"
   register_kernel_family("topk_backward", {std::vector<std::string>(std::begin(kTopkBackwardNames),
                                                                     std::end(kTopkBackwardNames)),
                                            &explain_topk_backward});
@@ -307,6 +352,12 @@ const TopkDeviceProps& topk_device_props() {
 TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
                             std::string* why) {
   Text reason(why != nullptr);  // described only when asked: this runs on every call
+  if (rows_fits(n, k, dtype)) {
+    reason << "N=" << n << " <= " << kRowsMaxN << " and k=" << k << " <= " << kRowsMaxK
+           << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
+    if (why != nullptr) *why = reason.str();
+    return rows_plan(rows, n, dtype, props);
+  }
   TopkKernel kernel;
   if (n <= warp_max_n(dtype) && k <= kHeuristics.warp_max_k) {
     kernel = TopkKernel::kWarp;
@@ -359,7 +410,15 @@ TopkPlan resolve_topk_plan(int64_t rows, int64_t n, int64_t k, DType dtype, cons
   if (forced.empty()) return choose_topk_kernel(rows, n, k, dtype, props, why);
   const auto* it = std::find(std::begin(kTopkNames), std::end(kTopkNames), forced);
   TORCH_CHECK_VALUE(it != std::end(kTopkNames), "softmax_ops.fused_topk: unknown forced kernel '", forced, "'");
-  const auto kernel = static_cast<TopkKernel>(it - std::begin(kTopkNames));
+  const int index = static_cast<int>(it - std::begin(kTopkNames));
+  if (index == kRowsNameIndex) {
+    const std::string reason = rows_unsupported_reason(n, k, dtype);
+    TORCH_CHECK_VALUE(reason.empty(), "softmax_ops.fused_topk: the forced kernel 'rows' (softmax_ops.force_kernel) "
+                      "cannot handle N=", std::to_string(n), ", k=", std::to_string(k), ": ", reason);
+    if (why != nullptr) *why = "forced with softmax_ops.force_kernel(\"topk\", \"rows\")";
+    return rows_plan(rows, n, dtype, props);
+  }
+  const auto kernel = static_cast<TopkKernel>(index);
   const std::string reason = unsupported_reason(kernel, n, k, dtype, props);
   TORCH_CHECK_VALUE(reason.empty(), "softmax_ops.fused_topk: the forced kernel '", forced,
                     "' (softmax_ops.force_kernel) cannot handle N=", std::to_string(n), ", k=", std::to_string(k), ": ", reason);

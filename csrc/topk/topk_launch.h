@@ -4,6 +4,9 @@
 //
 // Kernel menu (DESIGN.md §4, "fused_topk has its own menu"):
 //   warp      one warp or sub-warp (1-32 lanes) per row, the row in registers: router rows, N <= 1024.
+//   rows      (a variant of warp, TopkPlan::thread_rows) 1-16 threads per row, each with up to 32 values and
+//             a sorted top-K list in registers (k <= 8, N <= 512, 16/32-bit inputs): bitonic networks, no
+//             shared memory; the router shapes' kernel.
 //   block     one CTA per row: online (max, sum) and a threshold-filtered candidate buffer in shared memory,
 //             block radix select to compact it, bitonic sort of the final k.
 //   split_row several CTAs per row each produce (max, sum) and their chunk's top-k into a workspace; the CTA
@@ -53,6 +56,14 @@ inline size_t warp_smem_bytes(DType in, int lanes_per_row, int64_t k) {
   const size_t entry = (in == DType::kFloat64 ? 8 : 4) + 4;
   return static_cast<size_t>(kWarpKernelThreads / lanes_per_row) * static_cast<size_t>(k) * entry;
 }
+
+// rows: 128-thread CTAs; each thread holds up to kRowsSlotsPerThread values of its row (T = 1..16 threads
+// per row, a power of two), k <= kRowsMaxK; float16, bfloat16 and float32 inputs.
+constexpr int kRowsThreads = 128;
+constexpr int kRowsSlotsPerThread = 32;
+constexpr int kRowsMaxThreadsPerRow = 16;
+constexpr int64_t kRowsMaxK = 8;
+constexpr int64_t kRowsMaxN = kRowsSlotsPerThread * kRowsMaxThreadsPerRow;
 
 // block / split_row: 256-thread CTAs reading tiles of 4096 elements (16 B per thread per unrolled step).
 constexpr int kBlockThreads = 256;
@@ -141,7 +152,8 @@ struct TopkProblem {
 
 struct TopkPlan {
   TopkKernel kernel = TopkKernel::kBlock;
-  int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two)
+  int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two); rows: threads (1..16)
+  bool thread_rows = false;     // warp family: run the "rows" kernel (topk_rows.cu) instead
   int64_t splits = 1;           // split_row / radix: chunks per row (before rounding, see *_count)
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
@@ -183,7 +195,10 @@ struct TopkBackwardPointers {
 };
 
 // Each returns the first CUDA error of its launches (cudaSuccess when all launched).
+// warp, or rows when plan.thread_rows (launch_topk_rows).
 cudaError_t launch_topk_warp(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                             cudaStream_t stream);
+cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                              cudaStream_t stream);
 // block and split_row (plan.kernel says which).
 cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,

@@ -1,0 +1,333 @@
+// fused_topk "rows" kernel: router rows of N <= 512 with k <= 8, float16/bfloat16/float32. T threads share
+// one row (T = 1..16, a power of two; 16 / T rows per half-warp), each holding up to 32 of its values in
+// registers (16-byte loads: 64-128 bytes in flight per thread). No shared memory, no barriers; shuffles only
+// between the T threads of a row (log2 T merge steps).
+//
+// Values of one row (T threads, V elements per 16-byte vector, slot s of thread t):
+//   vector loads (x 16-byte aligned, n % V == 0): slot p*V + j holds column ((p*T) + t)*V + j
+//   scalar loads (any n, any alignment):         slot s holds column s*T + t
+// Slots past the row hold -inf; their columns lie past N, so they rank below every real value (ties go to
+// the lower column) and are never selected (k <= N).
+//
+// Per thread: the max (shuffled over T), then per group of 8 slots the sum of exp(x - max) on its own
+// (added to the thread's sum) and a word per slot whose unsigned order is the ranking order: NaN first, larger
+// value, lower column on ties; -0 == +0; words of a row are distinct. Each group of K words is sorted by a
+// bitonic network and merged into the thread's sorted top-K list (K = k rounded up to a power of two):
+// c[i] = max(list[i], group[K-1-i]) is bitonic and holds the K best of both; a half-cleaner sorts it. The T
+// lists are merged the same way across the row's threads (every thread ends with the row's list).
+//   float16/bfloat16 words: 32 bits, order key of the float value (whose low 13 bits are zero) | 0x1fff - col
+//   float32 words:          64 bits, order key << 32 | ~col
+// Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
+// NaN or +inf has a NaN sum; a warp holding such a row redoes the selection with NaN-aware keys, from a
+// reload of the rows (rare; costs the fast path no registers).
+#include "topk_device.cuh"
+#include "topk_launch.h"
+
+namespace softmax_ops::topk {
+namespace {
+
+constexpr int kSlots = kRowsSlotsPerThread;  // 32
+constexpr int kGroup = 8;                    // slots per accuracy group of the sum, and per skip test
+// 4 CTAs of 128 threads per SM at least: <= 128 registers per thread (measured with ptxas -v: see the
+// commit message; the float32 K = 8 variant is the largest).
+constexpr int kRowsMinBlocks = 4;
+
+template <typename TIn>
+constexpr bool kIs16 = sizeof(TIn) == 2;
+template <typename TIn>
+using RowWord = std::conditional_t<kIs16<TIn>, uint32_t, unsigned long long>;
+
+template <typename W>
+__device__ __forceinline__ void cas_desc(W& a, W& b) {
+  const W hi = max(a, b);
+  b = min(a, b);
+  a = hi;
+}
+
+// Sorts K words descending (bitonic network, K a power of two).
+template <int K, typename W>
+__device__ __forceinline__ void sort_desc(W (&c)[K]) {
+#pragma unroll
+  for (int size = 2; size <= K; size *= 2) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const int j = i ^ stride;
+        if (j > i) {
+          if ((i & size) == 0) {
+            cas_desc(c[i], c[j]);
+          } else {
+            cas_desc(c[j], c[i]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// list (sorted descending) becomes the K best of list and other (both sorted descending), sorted.
+template <int K, typename W>
+__device__ __forceinline__ void keep_best(W (&list)[K], const W (&other)[K]) {
+#pragma unroll
+  for (int i = 0; i < K; ++i) list[i] = max(list[i], other[K - 1 - i]);
+#pragma unroll
+  for (int stride = K / 2; stride > 0; stride /= 2) {
+#pragma unroll
+    for (int i = 0; i < K; ++i) {
+      const int j = i ^ stride;
+      if (j > i) cas_desc(list[i], list[j]);
+    }
+  }
+}
+
+// Order key of a float: larger value, larger key; -0 as +0 (the addition); NaN highest when kNanAware.
+template <bool kNanAware>
+__device__ __forceinline__ uint32_t float_key(float f) {
+  const uint32_t b = __float_as_uint(f + 0.0f);
+  const uint32_t key = b ^ (static_cast<uint32_t>(static_cast<int32_t>(b) >> 31) | 0x80000000u);
+  if constexpr (kNanAware) return f != f ? 0xffffffffu : key;
+  return key;
+}
+
+// 16-bit inputs: the value as a float has its low 13 bits zero (10 or 7 mantissa bits), so the key's top 19
+// bits order it exactly and the low 13 bits carry the column (N <= 512).
+template <typename TIn>
+struct Words {
+  static_assert(kIs16<TIn>, "16-bit inputs here; float32 below");
+  using W = uint32_t;
+  template <bool kNanAware>
+  static __device__ __forceinline__ W make(float f, int column) {
+    return (float_key<kNanAware>(f) & 0xffffe000u) | (0x1fffu - static_cast<uint32_t>(column));
+  }
+  static __device__ __forceinline__ float value(W w) {
+    const uint32_t key = w & 0xffffe000u;
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~(key | 0x1fffu));
+  }
+  static __device__ __forceinline__ int column(W w) { return static_cast<int>(0x1fffu - (w & 0x1fffu)); }
+};
+
+template <>
+struct Words<float> {
+  using W = unsigned long long;
+  template <bool kNanAware>
+  static __device__ __forceinline__ W make(float f, int column) {
+    return (static_cast<W>(float_key<kNanAware>(f)) << 32) | static_cast<W>(~static_cast<uint32_t>(column));
+  }
+  static __device__ __forceinline__ float value(W w) {
+    const uint32_t key = static_cast<uint32_t>(w >> 32);
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  }
+  static __device__ __forceinline__ int column(W w) { return static_cast<int>(~static_cast<uint32_t>(w)); }
+};
+
+// The thread's slots of its row (see the diagram above) and their raw bits: 16-bit values two per register.
+template <typename TIn>
+struct RowSlots {
+  static constexpr int V = 16 / sizeof(TIn);
+  static constexpr int kRegs = kSlots * sizeof(TIn) / 4;
+  static constexpr uint32_t kNegInf16 = std::is_same_v<TIn, __half> ? 0xfc00u : 0xff80u;
+  int t;       // thread in the row
+  int T;       // threads per row
+  bool vector;
+  int used;    // slots any thread of the launch holds, rounded up to kGroup (launch-uniform)
+  uint32_t raw[kRegs];
+
+  __device__ __forceinline__ RowSlots(int n, int t_, int T_, bool vector_) : t(t_), T(T_), vector(vector_) {
+    const int per_thread = vector ? (n / V + T - 1) / T * V : (n + T - 1) / T;
+    used = (per_thread + kGroup - 1) / kGroup * kGroup;
+  }
+  __device__ __forceinline__ bool group_used(int g) const { return g * kGroup < used; }
+  __device__ __forceinline__ int column(int s) const {
+    return vector ? ((s / V) * T + t) * V + s % V : s * T + t;
+  }
+
+  // Loads the row (active == false: every slot -inf).
+  __device__ __forceinline__ void load(const TIn* row, int n, bool active) {
+    if (vector) {
+      const int packs = active ? n / V : 0;
+#pragma unroll
+      for (int p = 0; p < kSlots / V; ++p) {
+        if (!group_used(p * V / kGroup)) continue;
+        const bool valid = p * T + t < packs;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (valid) v = __ldcs(reinterpret_cast<const uint4*>(row) + p * T + t);
+        const uint32_t pad = kIs16<TIn> ? (kNegInf16 | (kNegInf16 << 16)) : 0xff800000u;
+        raw[p * 4 + 0] = valid ? v.x : pad;
+        raw[p * 4 + 1] = valid ? v.y : pad;
+        raw[p * 4 + 2] = valid ? v.z : pad;
+        raw[p * 4 + 3] = valid ? v.w : pad;
+      }
+    } else {
+      const int limit = active ? n : 0;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (!group_used(s / kGroup)) continue;
+        const int col = s * T + t;
+        if constexpr (kIs16<TIn>) {
+          const uint32_t bits = col < limit ? reinterpret_cast<const unsigned short*>(row)[col] : kNegInf16;
+          raw[s / 2] = s % 2 ? (raw[s / 2] | (bits << 16)) : bits;
+        } else {
+          raw[s] = col < limit ? __float_as_uint(row[col]) : 0xff800000u;
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ float value(int s) const {
+    if constexpr (std::is_same_v<TIn, __half>) {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(raw[s / 2] >> (16 * (s % 2)))));
+    } else if constexpr (std::is_same_v<TIn, __nv_bfloat16>) {
+      return __uint_as_float(s % 2 ? (raw[s / 2] & 0xffff0000u) : (raw[s / 2] << 16));
+    } else {
+      return __uint_as_float(raw[s]);
+    }
+  }
+};
+
+// The row's top-K words, sorted, in every thread of the row. kSums: also the thread's sum of exp(x - shift)
+// (groups of 8 terms summed on their own first).
+template <int K, bool kNanAware, typename TIn>
+__device__ __forceinline__ void select_row(const RowSlots<TIn>& at, float shift, float* sum,
+                                           typename Words<TIn>::W (&list)[K]) {
+  using W = typename Words<TIn>::W;
+#pragma unroll
+  for (int i = 0; i < K; ++i) list[i] = W(0);
+  float total = 0.0f;
+#pragma unroll
+  for (int g = 0; g < kSlots / kGroup; ++g) {
+    if (!at.group_used(g)) break;  // launch-uniform
+    float group_sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kGroup; c += K) {
+      W chunk[K];
+#pragma unroll
+      for (int i = 0; i < K; ++i) {
+        const int s = g * kGroup + c + i;
+        const float f = at.value(s);
+        if (sum != nullptr) group_sum += exp_shifted(f, shift);
+        chunk[i] = Words<TIn>::template make<kNanAware>(f, at.column(s));
+      }
+      sort_desc(chunk);
+      keep_best(list, chunk);
+    }
+    total += group_sum;
+  }
+  if (sum != nullptr) *sum = total;
+  for (int offset = 1; offset < at.T; offset *= 2) {
+    W other[K];
+#pragma unroll
+    for (int i = 0; i < K; ++i) other[i] = __shfl_xor_sync(kFullMask, list[i], offset);
+    keep_best(list, other);
+  }
+}
+
+template <typename W, int K>
+__device__ __forceinline__ W pick_word(const W (&list)[K], int r) {
+  W w = list[0];
+#pragma unroll
+  for (int i = 1; i < K; ++i) w = r == i ? list[i] : w;
+  return w;
+}
+
+template <typename TIn, typename TOut, int K>
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks)
+    topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
+                     int64_t rows, int n, int k, int T, bool renormalize, bool vector_loads) {
+  using W = typename Words<TIn>::W;
+  static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
+  const int t = threadIdx.x & (T - 1);
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x) / T;
+  // Rows past the end still run (with no data): every thread takes part in the shuffles.
+  const bool active = row < rows;
+  const TIn* xr = x + (active ? row : 0) * static_cast<int64_t>(n);
+
+  RowSlots<TIn> at(n, t, T, vector_loads);
+  at.load(xr, n, active);
+
+  float m = -INFINITY;  // NaN dropped by fmax
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (at.group_used(s / kGroup)) m = fmaxf(m, at.value(s));
+  }
+  for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
+
+  W list[K];
+  float sum;
+  select_row<K, false>(at, shift, &sum, list);
+  for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+  // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
+  if (__any_sync(kFullMask, sum != sum)) {
+    at.load(xr, n, active);
+    select_row<K, true>(at, shift, nullptr, list);
+  }
+  const float divisor = probability_divisor(RowStats<float>{m, sum});
+
+  // Rank r = t + j*T is this thread's: its probability accurately (expf, IEEE division).
+  constexpr int J = K;  // at most K ranks per thread (T = 1)
+  float p[J];
+  int col[J];
+  float partial = 0.0f;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    p[j] = 0.0f;
+    col[j] = 0;
+    if (j * T < K) {  // launch-uniform
+      const int r = t + j * T;
+      const W w = pick_word(list, r);
+      if (r < k) {
+        p[j] = exp_precise(Words<TIn>::value(w) - m) / divisor;
+        col[j] = Words<TIn>::column(w);
+        partial += p[j];
+      }
+    }
+  }
+  TOut* vr = values + (active ? row : 0) * k;
+  int64_t* ir = indices + (active ? row : 0) * k;
+  float total = 1.0f;
+  if (renormalize) {  // kernel-uniform: every thread shuffles
+    total = partial;
+    for (int offset = 1; offset < T; offset *= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+  }
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int r = t + j * T;
+    if (j * T < K && r < k) {
+      vr[r] = detail::convert<TOut>(renormalize ? p[j] / total : p[j]);
+      ir[r] = col[j];
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                             cudaStream_t stream) {
+  return dispatch_in_out(problem.in_dtype, problem.out_dtype, [&](auto in_tag, auto out_tag) {
+    using TIn = typename decltype(in_tag)::type;
+    using TOut = typename decltype(out_tag)::type;
+    if constexpr (std::is_same_v<TIn, double>) {
+      return cudaErrorInvalidValue;
+    } else {
+      const int T = plan.lanes_per_row;
+      if (problem.n > static_cast<int64_t>(T) * kSlots || problem.k > kRowsMaxK || T < 1 || T > 16 ||
+          (T & (T - 1)) != 0) {
+        return cudaErrorInvalidValue;
+      }
+      const int K = static_cast<int>(next_pow2(problem.k));
+      return dispatch_int<1, 2, 4, 8>(K, [&](auto k_tag) {
+        constexpr int kK = decltype(k_tag)::value;
+        const int64_t rows_per_block = kRowsThreads / T;
+        const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
+        topk_rows_kernel<TIn, TOut, kK><<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
+            static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
+            static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize, plan.vector_loads);
+        return cudaGetLastError();
+      });
+    }
+  });
+}
+
+}  // namespace softmax_ops::topk
