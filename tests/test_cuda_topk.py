@@ -446,8 +446,11 @@ def test_opcheck_with_forced_kernel(kernel):
 def test_list_kernels_and_explain():
     assert softmax_ops.list_kernels("topk") == TOPK_KERNELS
     assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
-    text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=6)
+    text = softmax_ops.explain((16384, 160), torch.float16, op="fused_topk", k=6)
     assert "kernel 'rows'" in text and "SMs" in text
+    # float32 rows beyond rows_auto_max_n_fp32 (128) go to the warp kernel
+    assert "kernel 'rows'" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'warp'" in softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=6)
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)
     assert "kernel 'warp'" in text
     assert "kernel 'warp'" in softmax_ops.explain((16384, 64), torch.float64, op="fused_topk", k=4)

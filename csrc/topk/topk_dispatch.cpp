@@ -39,6 +39,8 @@ struct TopkHeuristics {
   // rows_min_warps_per_sm warps per SM and each thread keeps a whole 16-byte vector (16384x64 fp16: 4
   // threads of 16 values). Fewer threads per row cost fewer merge steps (each ~K shuffles + a half-cleaner).
   int64_t rows_min_warps_per_sm = 8;
+  // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
+  int64_t rows_auto_max_n_fp32 = 128;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
@@ -84,6 +86,12 @@ bool rows_dtype(DType dtype) { return dtype != DType::kFloat64; }
 bool rows_fits(int64_t n, int64_t k, DType dtype) {
   return rows_dtype(dtype) && n <= kRowsMaxN && k <= kRowsMaxK;
 }
+
+// The longest rows the dispatcher sends to the rows kernel (forcing it reaches kRowsMaxN). float32 keys
+// are 64-bit words there, three times the integer work of 16-bit ones; on H200 (2026-11-22, tune_topk.py)
+// fp32 rows beat the warp kernel up to N = 128 (16384x64 k6: 13.2 vs 16.1 us) and lost beyond
+// (16384x160 k6: 23.7 vs 18.8 us; 65536x256 k8: 90.7 vs 66.9 us); 16-bit rows won everywhere up to 512.
+int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuristics.rows_auto_max_n_fp32 : kRowsMaxN; }
 
 int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
@@ -352,8 +360,8 @@ const TopkDeviceProps& topk_device_props() {
 TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
                             std::string* why) {
   Text reason(why != nullptr);  // described only when asked: this runs on every call
-  if (rows_fits(n, k, dtype)) {
-    reason << "N=" << n << " <= " << kRowsMaxN << " and k=" << k << " <= " << kRowsMaxK
+  if (rows_fits(n, k, dtype) && n <= rows_auto_max_n(dtype)) {
+    reason << "N=" << n << " <= " << rows_auto_max_n(dtype) << " and k=" << k << " <= " << kRowsMaxK
            << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
     if (why != nullptr) *why = reason.str();
     return rows_plan(rows, n, dtype, props);
