@@ -82,13 +82,21 @@ __device__ __forceinline__ C negative_infinity() {
   return -static_cast<C>(INFINITY);
 }
 
-// Independent accumulator chains per thread in accumulate (see ForwardOp::accumulate).
+// Independent accumulator chains per thread in accumulate (see ForwardOp::accumulate). A kernel may ask
+// for fewer where the extra live registers spill (softmax_block_kernel).
 constexpr int kIlp = 4;
 
-// Combines the kIlp accumulators pairwise, in a fixed order (bitwise reproducible).
-template <typename T, typename F>
-__device__ __forceinline__ T reduce_ilp(const T (&parts)[kIlp], F&& combine) {
-  return combine(combine(parts[0], parts[1]), combine(parts[2], parts[3]));
+// Combines N (1, 2 or 4) accumulators pairwise, in a fixed order (bitwise reproducible).
+template <int N, typename T, typename F>
+__device__ __forceinline__ T reduce_ilp(const T (&parts)[N], F&& combine) {
+  static_assert(N == 1 || N == 2 || N == 4, "1, 2 or 4 chains");
+  if constexpr (N == 1) {
+    return parts[0];
+  } else if constexpr (N == 2) {
+    return combine(parts[0], parts[1]);
+  } else {
+    return combine(combine(parts[0], parts[1]), combine(parts[2], parts[3]));
+  }
 }
 
 // softmax / log_softmax forward. Acc is the online (max, sum) state: sum of exp(x - max).
@@ -114,23 +122,23 @@ struct ForwardOp {
   // Folds a chunk into the running state with one exponential per element plus one per chunk (the
   // rescale of the running sum), never three per element as a per-element online update would.
   // `visit(f)` calls f(const C* v, int j) for every element of the chunk, j being the element's place in
-  // its pack (a compile-time constant once unrolled): element j feeds accumulator j % kIlp, so the max and
-  // the sum run as kIlp independent chains. One chain made a thread with 64 cached values wait ~4 cycles
-  // per element (Nsight Compute, H200: 5.6 cycles per issued instruction, a 16 KB-per-CTA kernel 8 us).
-  template <typename Visit>
+  // its pack (a compile-time constant once unrolled): element j feeds accumulator j % Chains, so the max
+  // and the sum run as Chains independent chains. One chain made a thread with 64 cached values wait ~4
+  // cycles per element (Nsight Compute, H200: 5.6 cycles per issued instruction, a 16 KB-per-CTA kernel 8 us).
+  template <int Chains = kIlp, typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    C maxes[kIlp];
+    C maxes[Chains];
 #pragma unroll
-    for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<C>();
-    visit([&](const C* v, int j) { maxes[j % kIlp] = row_max(maxes[j % kIlp], v[0]); });
+    for (int i = 0; i < Chains; ++i) maxes[i] = negative_infinity<C>();
+    visit([&](const C* v, int j) { maxes[j % Chains] = row_max(maxes[j % Chains], v[0]); });
     const C chunk_max = reduce_ilp(maxes, [](C a, C b) { return row_max(a, b); });
     // All -inf (or padding): nothing to add. A NaN compares false and goes on to poison the sum.
     if (chunk_max == negative_infinity<C>()) return acc;
     const C m = nan_max(acc.max, chunk_max);
     // The chunk is summed on its own first: a long row then adds one chunk sum at a time to the running
     // sum, not thousands of terms far below its ulp (which would be lost, biasing the sum low).
-    C sums[kIlp] = {};
-    visit([&](const C* v, int j) { sums[j % kIlp] += Exp::exp_from(v[0], m); });
+    C sums[Chains] = {};
+    visit([&](const C* v, int j) { sums[j % Chains] += Exp::exp_from(v[0], m); });
     const C chunk_sum = reduce_ilp(sums, [](C a, C b) { return a + b; });
     // exp(-inf) = 0 covers the empty running state; the factor is exactly 1 when the max did not move.
     return {m, acc.sum * Exp::exp_from(acc.max, m) + chunk_sum};
@@ -186,13 +194,13 @@ struct BackwardOp {
   static __device__ __forceinline__ C pad(int) { return C(0); }
   static __device__ __forceinline__ Acc identity() { return 0.0; }
 
-  template <typename Visit>
+  template <int Chains = kIlp, typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    double sums[kIlp] = {};  // see ForwardOp::accumulate
+    double sums[Chains] = {};  // see ForwardOp::accumulate
     if (log) {
-      visit([&](const C* v, int j) { sums[j % kIlp] += static_cast<double>(v[0]); });
+      visit([&](const C* v, int j) { sums[j % Chains] += static_cast<double>(v[0]); });
     } else {
-      visit([&](const C* v, int j) { sums[j % kIlp] += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
+      visit([&](const C* v, int j) { sums[j % Chains] += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
     }
     return acc + reduce_ilp(sums, [](double a, double b) { return a + b; });
   }
