@@ -22,7 +22,7 @@ import torch._functorch.config
 import torch._inductor.config
 
 import softmax_ops
-from softmax_ops._bench_timing import fixed_count_median
+from softmax_ops._bench_timing import interleaved_medians
 from softmax_ops._demo_model import DemoConfig, MoEBlock, build_model
 from softmax_ops._demo_report import Substitution, format_substitutions, substitutions
 
@@ -34,7 +34,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 # (atol, rtol) for log-probabilities vs eager; a few output-dtype rounding steps at |log p| ~ 10.
 TOLERANCES = {torch.float32: (1e-4, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (3e-2, 3e-2)}
-
+# Back-to-back calls per timed turn on CUDA (see interleaved_medians): the GPU stays busy within a turn.
+CUDA_TIMING_BATCH = 5
 
 def build_parser() -> argparse.ArgumentParser:
     """The demo's command line (``bench`` is a separate subcommand, see ``python -m softmax_ops bench -h``)."""
@@ -56,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default=None, help="cuda (default when a GPU is present) or cpu")
     parser.add_argument("--dtype", default=None,
                         help="float32, bfloat16 or float16 (default: bfloat16 on CUDA, float32 on CPU)")
-    parser.add_argument("--iters", type=int, default=None, help="timed calls per variant (default 50 CUDA, 10 CPU)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="timing rounds per variant, the variants taking turns (default 50 CUDA, 10 CPU)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the input (default 0)")
     return parser
 
@@ -206,7 +208,6 @@ def run(config: DemoConfig, device: torch.device, dtype: torch.dtype, iters: int
     if has_pass:
         softmax_ops.disable()
     plain_step, plain_outputs, _ = _compile(model, x, "torch.compile (softmax_ops pass disabled)")
-    plain_ms = fixed_count_median(plain_step, device, iters)
 
     ours_step = ours_outputs = None
     rows: list[Substitution] = []
@@ -218,11 +219,15 @@ def run(config: DemoConfig, device: torch.device, dtype: torch.dtype, iters: int
         ours_step, ours_outputs, _ = _compile(model, x, "torch.compile + softmax_ops")
         report = softmax_ops.compile_report()
         rows, skipped = substitutions(report.rewritten, config, dtype, device), list(report.skipped)
-        ours_ms = fixed_count_median(ours_step, device, iters)
         if not was_enabled:
             softmax_ops.disable()
-    _log(f"[4/4] timing eager ({iters} calls per variant) ...")
-    eager_ms = fixed_count_median(eager_step, device, iters)
+    batch = CUDA_TIMING_BATCH if device.type == "cuda" else 1
+    _log(f"[4/4] timing the variants in turns ({iters} rounds of {batch} call(s) each) ...")
+    variants = {"eager": eager_step, "plain": plain_step}
+    if ours_step is not None:
+        variants["ours"] = ours_step
+    medians = interleaved_medians(variants, device, iters, batch)
+    eager_ms, plain_ms, ours_ms = medians["eager"], medians["plain"], medians.get("ours")
 
     status = 0
     print()
@@ -248,7 +253,7 @@ def run(config: DemoConfig, device: torch.device, dtype: torch.dtype, iters: int
     if not plain_check.ok:
         print("WARNING: plain torch.compile itself differs from eager beyond the tolerance for this dtype.")
     print()
-    print(f"Time per forward step (median of {iters}, {device.type}):")
+    print(f"Time per forward step (median of {iters} rounds, variants in turns, {device.type}):")
     print(f"  {'eager':<30} {eager_ms:9.3f} ms")
     print(f"  {'torch.compile':<30} {plain_ms:9.3f} ms   {eager_ms / plain_ms:5.2f}x vs eager")
     if ours_step is not None:
