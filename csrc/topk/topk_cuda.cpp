@@ -83,6 +83,9 @@ void launch_plan(const TopkProblem& problem, TopkPlan plan, const at::Tensor& in
     case TopkKernel::kWarp:
       C10_CUDA_CHECK(launch_topk_warp(problem, plan, ptrs, stream));
       return;
+    case TopkKernel::kRows:
+      C10_CUDA_CHECK(launch_topk_rows(problem, plan, ptrs, stream));
+      return;
     case TopkKernel::kBlock:
     case TopkKernel::kSplitRow:
       C10_CUDA_CHECK(launch_topk_block(problem, plan, ptrs, stream));

@@ -60,11 +60,8 @@ struct TopkHeuristics {
 };
 constexpr TopkHeuristics kHeuristics{};
 
-// Forced-kernel names: the TopkKernel values in order, then "rows" (the warp family's thread-per-row
-// variant, TopkPlan::thread_rows).
-constexpr int kNumTopkNames = kNumTopkKernels + 1;
-constexpr const char* kTopkNames[kNumTopkNames] = {"warp", "block", "split_row", "radix", "rows"};
-constexpr int kRowsNameIndex = kNumTopkKernels;
+// Forced-kernel names, in TopkKernel order.
+constexpr const char* kTopkNames[kNumTopkKernels] = {"warp", "block", "split_row", "radix", "rows"};
 constexpr const char* kTopkBackwardNames[kNumTopkBackwardKernels] = {"block", "split"};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -128,6 +125,7 @@ std::string rows_unsupported_reason(int64_t n, int64_t k, DType dtype) {
 // "" when `kernel` can run the problem, else why not.
 std::string unsupported_reason(TopkKernel kernel, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   Text why;
+  if (kernel == TopkKernel::kRows) return rows_unsupported_reason(n, k, dtype);
   if (kernel == TopkKernel::kWarp && n > warp_max_n(dtype)) {
     why << "N=" << n << " exceeds the " << warp_max_n(dtype) << " values a warp holds in registers (32 lanes x "
         << warp_slots_per_lane(dtype) << ")";
@@ -164,15 +162,10 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.splits = std::max<int64_t>(forced ? 2 : 1, radix_splits(rows, n, props));
       plan.workspace_bytes = radix_workspace_bytes(rows, n, plan.splits);
       break;
+    case TopkKernel::kRows:
+      plan.lanes_per_row = rows_threads(rows, n, dtype, props);
+      break;
   }
-  return plan;
-}
-
-TopkPlan rows_plan(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
-  TopkPlan plan;
-  plan.kernel = TopkKernel::kWarp;
-  plan.thread_rows = true;
-  plan.lanes_per_row = rows_threads(rows, n, dtype, props);
   return plan;
 }
 
@@ -265,14 +258,13 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       << rows << (rows == 1 ? " row" : " rows") << " of N=" << n << "): ";
   std::string why;
   const TopkPlan plan = resolve_topk_plan(rows, n, k, in, props, &why);
-  out << "kernel '" << (plan.thread_rows ? kTopkNames[kRowsNameIndex] : topk_kernel_name(plan.kernel)) << "'";
+  out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
+    case TopkKernel::kRows:
+      out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " thread" : " threads") << " per row, top-"
+          << next_pow2(k) << " lists in registers)";
+      break;
     case TopkKernel::kWarp:
-      if (plan.thread_rows) {
-        out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " thread" : " threads") << " per row, top-"
-            << next_pow2(k) << " lists in registers)";
-        break;
-      }
       out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " lane" : " lanes") << " per row, "
           << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
       break;
@@ -310,7 +302,7 @@ std::string explain_topk_backward(const std::string& op, const std::vector<int64
 }
 
 const bool kRegistered = [] {
-  register_kernel_family("topk", {std::vector<std::string>(std::begin(kTopkNames), std::end(kTopkNames)), &explain_topk});  // incl. "rows"
+  register_kernel_family("topk", {std::vector<std::string>(std::begin(kTopkNames), std::end(kTopkNames)), &explain_topk});
   register_kernel_family("topk_backward", {std::vector<std::string>(std::begin(kTopkBackwardNames),
                                                                     std::end(kTopkBackwardNames)),
                                            &explain_topk_backward});
@@ -364,7 +356,7 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
     reason << "N=" << n << " <= " << rows_auto_max_n(dtype) << " and k=" << k << " <= " << kRowsMaxK
            << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
     if (why != nullptr) *why = reason.str();
-    return rows_plan(rows, n, dtype, props);
+    return plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
   }
   TopkKernel kernel;
   if (n <= warp_max_n(dtype) && k <= kHeuristics.warp_max_k) {
@@ -419,13 +411,6 @@ TopkPlan resolve_topk_plan(int64_t rows, int64_t n, int64_t k, DType dtype, cons
   const auto* it = std::find(std::begin(kTopkNames), std::end(kTopkNames), forced);
   TORCH_CHECK_VALUE(it != std::end(kTopkNames), "softmax_ops.fused_topk: unknown forced kernel '", forced, "'");
   const int index = static_cast<int>(it - std::begin(kTopkNames));
-  if (index == kRowsNameIndex) {
-    const std::string reason = rows_unsupported_reason(n, k, dtype);
-    TORCH_CHECK_VALUE(reason.empty(), "softmax_ops.fused_topk: the forced kernel 'rows' (softmax_ops.force_kernel) "
-                      "cannot handle N=", std::to_string(n), ", k=", std::to_string(k), ": ", reason);
-    if (why != nullptr) *why = "forced with softmax_ops.force_kernel(\"topk\", \"rows\")";
-    return rows_plan(rows, n, dtype, props);
-  }
   const auto kernel = static_cast<TopkKernel>(index);
   const std::string reason = unsupported_reason(kernel, n, k, dtype, props);
   TORCH_CHECK_VALUE(reason.empty(), "softmax_ops.fused_topk: the forced kernel '", forced,

@@ -4,7 +4,7 @@
 //
 // Kernel menu (DESIGN.md §4, "fused_topk has its own menu"):
 //   warp      one warp or sub-warp (1-32 lanes) per row, the row in registers: router rows, N <= 1024.
-//   rows      (a variant of warp, TopkPlan::thread_rows) 1-16 threads per row, each with up to 32 values and
+//   rows      1-16 threads per row, each with up to 32 values and
 //             a sorted top-K list in registers (k <= 8, N <= 512, 16/32-bit inputs): bitonic networks, no
 //             shared memory; the router shapes' kernel.
 //   block     one CTA per row: online (max, sum) and a threshold-filtered candidate buffer in shared memory,
@@ -25,8 +25,8 @@
 
 namespace softmax_ops::topk {
 
-enum class TopkKernel : int { kWarp = 0, kBlock, kSplitRow, kRadix };
-constexpr int kNumTopkKernels = 4;
+enum class TopkKernel : int { kWarp = 0, kBlock, kSplitRow, kRadix, kRows };
+constexpr int kNumTopkKernels = 5;
 enum class TopkBackwardKernel : int { kBlock = 0, kSplit };
 constexpr int kNumTopkBackwardKernels = 2;
 
@@ -153,7 +153,6 @@ struct TopkProblem {
 struct TopkPlan {
   TopkKernel kernel = TopkKernel::kBlock;
   int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two); rows: threads (1..16)
-  bool thread_rows = false;     // warp family: run the "rows" kernel (topk_rows.cu) instead
   int64_t splits = 1;           // split_row / radix: chunks per row (before rounding, see *_count)
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
@@ -195,7 +194,6 @@ struct TopkBackwardPointers {
 };
 
 // Each returns the first CUDA error of its launches (cudaSuccess when all launched).
-// warp, or rows when plan.thread_rows (launch_topk_rows).
 cudaError_t launch_topk_warp(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                              cudaStream_t stream);
 cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,

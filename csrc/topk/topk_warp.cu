@@ -305,7 +305,6 @@ __global__ void __launch_bounds__(kWarpKernelThreads, kWarpKernelMinBlocks)
 
 cudaError_t launch_topk_warp(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                              cudaStream_t stream) {
-  if (plan.thread_rows) return launch_topk_rows(problem, plan, ptrs, stream);
   return dispatch_in_out(problem.in_dtype, problem.out_dtype, [&](auto in_tag, auto out_tag) {
     using TIn = typename decltype(in_tag)::type;
     using TOut = typename decltype(out_tag)::type;
