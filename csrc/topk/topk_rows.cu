@@ -222,14 +222,6 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn>& at, float shift,
   }
 }
 
-template <typename W, int K>
-__device__ __forceinline__ W pick_word(const W (&list)[K], int r) {
-  W w = list[0];
-#pragma unroll
-  for (int i = 1; i < K; ++i) w = r == i ? list[i] : w;
-  return w;
-}
-
 template <typename TIn, typename TOut, int K>
 __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
@@ -275,7 +267,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks)
     col[j] = 0;
     if (j * T < K) {  // launch-uniform
       const int r = t + j * T;
-      const W w = pick_word(list, r);
+      const W w = pick(list, r);  // list[r] for a run-time r, without local memory
       if (r < k) {
         p[j] = exp_precise(Words<TIn>::value(w) - m) / divisor;
         col[j] = Words<TIn>::column(w);
