@@ -7,6 +7,8 @@ OUT=${OUT:-/tmp/softmax_ops_out}
 mkdir -p "$OUT"
 stages=${*:-"env build test sanitize bench demo"}
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16} SOFTMAX_OPS_VERBOSE_BUILD=${SOFTMAX_OPS_VERBOSE_BUILD:-0}
+# The >2^31-element tests need ~40 GB of GPU memory: on by default on the device machines (H100/H200).
+export SOFTMAX_OPS_BIG_TESTS=${SOFTMAX_OPS_BIG_TESTS:-1}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site:$PWD
