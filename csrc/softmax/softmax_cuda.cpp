@@ -15,27 +15,14 @@
 #include <vector>
 
 #include "softmax_dispatch.h"
+#include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/kernel_registry.h"
 #include "softmax_ops/op_checks.h"
 
 namespace softmax_ops {
 namespace {
 
-DType to_dtype(at::ScalarType type) {
-  switch (type) {
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kDouble:
-      return DType::kFloat64;
-    case at::kFloat:
-      return DType::kFloat32;
-    default:
-      break;
-  }
-  TORCH_CHECK_TYPE(false, "softmax_ops (CUDA): unsupported dtype ", type);
-}
+DType cuda_dtype(at::ScalarType type) { return require_dtype_tag(type, "softmax_ops (CUDA)"); }
 
 const char* family_of(bool backward) { return backward ? "softmax_backward" : "softmax"; }
 
@@ -69,8 +56,8 @@ at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::Scalar
   const RowLayout layout = row_layout(input, wrapped);
   SoftmaxProblem problem;
   problem.log = log;
-  problem.in_dtype = to_dtype(input.scalar_type());
-  problem.out_dtype = to_dtype(result_dtype);
+  problem.in_dtype = cuda_dtype(input.scalar_type());
+  problem.out_dtype = cuda_dtype(result_dtype);
   problem.outer = layout.outer;
   problem.n = layout.n;
   problem.inner = layout.inner;
@@ -102,8 +89,8 @@ at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int
     SoftmaxProblem problem;
     problem.backward = true;
     problem.log = log;
-    problem.in_dtype = to_dtype(compute);
-    problem.out_dtype = to_dtype(write_dtype);
+    problem.in_dtype = cuda_dtype(compute);
+    problem.out_dtype = cuda_dtype(write_dtype);
     problem.outer = layout.outer;
     problem.n = layout.n;
     problem.inner = layout.inner;
@@ -147,7 +134,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   SoftmaxProblem problem;
   problem.backward = backward;
   problem.log = log;
-  problem.in_dtype = problem.out_dtype = to_dtype(dtype);
+  problem.in_dtype = problem.out_dtype = cuda_dtype(dtype);
   for (int64_t d = 0; d < rank; ++d) {
     TORCH_CHECK_VALUE(shape[d] >= 0, "softmax_ops.explain: negative size in shape");
     if (d < wrapped) problem.outer *= shape[d];

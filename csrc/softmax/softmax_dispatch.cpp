@@ -503,20 +503,6 @@ DeviceProps query_device_props(int device) {
 
 }  // namespace
 
-const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat64:
-      return "float64";
-    case DType::kFloat32:
-      break;
-  }
-  return "float32";
-}
-
 const DeviceProps& device_props(int device) {
   static std::mutex mutex;
   static std::map<int, DeviceProps> cache;  // node-based: references stay valid as devices are added

@@ -45,7 +45,6 @@ SoftmaxChoice choose_softmax_kernel(const SoftmaxRequest& request, const DeviceP
 bool pointers_vector_aligned(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs);
 
 const char* softmax_kernel_name(SoftmaxKernel kernel);
-const char* dtype_name(DType dtype);  // torch's spelling: float32, float16, ...
 std::vector<std::string> softmax_kernel_names();
 
 // One line with the launch configuration of `plan`.

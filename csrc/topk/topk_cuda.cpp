@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/op_checks.h"
 #include "topk_dispatch.h"
 #include "topk_launch.h"
@@ -25,20 +26,7 @@
 namespace softmax_ops::topk {
 namespace {
 
-DType dtype_tag(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat:
-      return DType::kFloat32;
-    case at::kHalf:
-      return DType::kFloat16;
-    case at::kBFloat16:
-      return DType::kBFloat16;
-    case at::kDouble:
-      return DType::kFloat64;
-    default:
-      TORCH_CHECK_TYPE(false, "softmax_ops (CUDA): unsupported dtype ", t);
-  }
-}
+DType dtype_tag(at::ScalarType t) { return require_dtype_tag(t, "softmax_ops (CUDA)"); }
 
 // `t` with `wrapped_dim` moved last (a view; 0-d stays 0-d).
 at::Tensor dim_last(const at::Tensor& t, int64_t wrapped_dim) {

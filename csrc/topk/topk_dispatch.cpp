@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/kernel_registry.h"
 
 namespace softmax_ops::topk {
@@ -196,35 +197,6 @@ std::string device_line(const TopkDeviceProps& props) {
   return out.str();
 }
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return "float32";
-    case DType::kFloat16:
-      return "float16";
-    case DType::kBFloat16:
-      return "bfloat16";
-    case DType::kFloat64:
-      return "float64";
-  }
-  return "?";
-}
-
-DType dtype_of(c10::ScalarType t) {
-  switch (t) {
-    case c10::ScalarType::Float:
-      return DType::kFloat32;
-    case c10::ScalarType::Half:
-      return DType::kFloat16;
-    case c10::ScalarType::BFloat16:
-      return DType::kBFloat16;
-    case c10::ScalarType::Double:
-      return DType::kFloat64;
-    default:
-      TORCH_CHECK_TYPE(false, "softmax_ops.explain: dtype must be float32, float16, bfloat16 or float64, got ", t);
-  }
-}
-
 // rows and N of a tensor of `shape` reduced over `dim` (0-d: one row of one element).
 std::pair<int64_t, int64_t> rows_and_n(const std::string& op, const std::vector<int64_t>& shape, int64_t dim) {
   const int64_t ndim = std::max<int64_t>(static_cast<int64_t>(shape.size()), 1);
@@ -248,7 +220,7 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 
 std::string explain_topk(const std::string& op, const std::vector<int64_t>& shape, int64_t dim, c10::ScalarType dtype,
                          int64_t k) {
-  const DType in = dtype_of(dtype);
+  const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
   const auto [rows, n] = rows_and_n(op, shape, dim);
   TORCH_CHECK_VALUE(k >= 1 && k <= std::max<int64_t>(n, 1), "softmax_ops.explain: fused_topk needs k in [1, N] (N = ",
                     std::to_string(n), "), got k=", std::to_string(k), " (pass k=...)");
@@ -287,7 +259,7 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
 std::string explain_topk_backward(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
                                   c10::ScalarType dtype, int64_t k) {
   static_cast<void>(k);
-  const DType in = dtype_of(dtype);
+  const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
   const auto [rows, n] = rows_and_n(op, shape, dim);
   const TopkDeviceProps& props = topk_device_props();
   std::string why;

@@ -14,7 +14,22 @@ namespace softmax_ops {
 // Element dtypes as the launchers pass them to kernel entry points (mirrors the at::ScalarType subset).
 enum class DType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2, kFloat64 = 3 };
 
-// Host compilers (the g++-built .cpp launchers) include this header for DType only; the device helpers
+// torch's spelling: float32, float16, bfloat16, float64.
+inline const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kFloat32:
+      break;
+  }
+  return "float32";
+}
+
+// Host compilers (the g++-built .cpp launchers) include this header for DType and dtype_name only; the device helpers
 // below use CUDA intrinsics that exist in nvcc's device and host passes but not under g++.
 #if defined(__CUDACC__)
 
