@@ -7,6 +7,8 @@ Expected values come from an independent float64 reference on the CPU: a stable 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda, topk_reference
@@ -279,6 +281,48 @@ def test_router_shapes_automatic_choice(shape, k, dtype):
     ref_logits = torch.topk(x.double().cpu(), k, -1).values
     assert torch.equal(x.double().cpu().gather(-1, indices.cpu()), ref_logits)
     assert_within_2x_torch(values, torch_topk(x, k, -1, True, out_dtype), ref_values)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", TOPK_KERNELS)
+def test_forced_kernel_subnormals_signed_zeros_and_negative_nan(kernel, dtype):
+    """Subnormal logits rank by value (not as 0), -0 ties with +0 (lower index first), and a NaN with its
+    sign bit set ranks like any NaN: the order of a stable descending sort of the logits, as the CPU op."""
+    n = 100
+    generator = torch.Generator().manual_seed(9)
+    subnormal = (torch.rand(n, generator=generator, dtype=torch.float64) - 0.5) * torch.finfo(dtype).tiny
+    subnormal[::10] = 0.0
+    subnormal[5::10] = -0.0
+    negative_nan = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+    negative_nan[::13] = -float("nan")
+    x = torch.stack([subnormal, negative_nan]).to(dtype).cuda()
+    assert bool((x[0] != 0).any()) and bool(torch.signbit(x[1, ::13]).all())
+    for k in (1, 8, n):
+        if not n_supported(kernel, n, k, dtype):
+            continue
+        with softmax_ops.force_kernel("topk", kernel):
+            values, indices = softmax_ops.fused_topk(x, k, -1, False)
+        ref_values, ref_indices = topk_reference(x, k, -1, False)
+        assert_valid_indices(indices, n)
+        assert torch.equal(indices.cpu(), ref_indices)
+        assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+
+
+@requires_cuda
+def test_split_row_merge_compacts_many_chunk_candidates():
+    """One long row split into enough chunks that their k best overflow the merging CTA's buffer
+    ((chunks - 1) x k > capacity), so the merge compacts on the way (merge_chunk_candidates)."""
+    n, k = 200_000, 400
+    with softmax_ops.force_kernel("topk", "split_row"):
+        text = softmax_ops.explain((1, n), torch.float32, op="fused_topk", k=k)
+        chunks = int(re.search(r"\((\d+) CTAs per row", text).group(1))
+        assert (chunks - 1) * k > k + 4096 + 2048, text  # candidate_capacity(k): k + a tile + slack
+        x = distinct_rows(1, n, torch.float32, seed=21)
+        check_topk(x, k, -1, True)
+        first = softmax_ops.fused_topk(x, k, -1, False)
+        again = softmax_ops.fused_topk(x, k, -1, False)
+    assert torch.equal(first[0], again[0]) and torch.equal(first[1], again[1])
 
 
 @requires_cuda
