@@ -76,6 +76,13 @@ struct ChunkTopk {
     return tile_offset(b / V, b % V);
   }
 
+  // The column of the value at `offset` in the tile starting at t0, in unsigned arithmetic: for padding
+  // slots of a row's last tile near N = 2^31 - 1 the int sum would overflow (undefined behaviour, though
+  // those candidates are masked out).
+  static __device__ __forceinline__ uint32_t column(int t0, int offset) {
+    return static_cast<uint32_t>(t0) + static_cast<uint32_t>(offset);
+  }
+
   // Issues the loads of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a
   // multiple of V.
   static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
@@ -135,7 +142,7 @@ struct ChunkTopk {
   static __device__ __forceinline__ bool is_nan_key(Key key) { return key == OrderKey<C>::of(quiet_nan<C>()); }
 
   static __device__ __forceinline__ Cand candidate(const C (&v)[U][V], int b, int t0) {
-    return Ops::make(OrderKey<C>::of(pick(v, b)), static_cast<uint32_t>(t0 + tile_offset(b)));
+    return Ops::make(OrderKey<C>::of(pick(v, b)), column(t0, tile_offset(b)));
   }
 
   // The first tile's threshold: the k-th best of the per-thread best values (a radix prefix; none when
@@ -153,7 +160,7 @@ struct ChunkTopk {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const int off = tile_offset(u, j);
-        const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), static_cast<uint32_t>(t0 + off));
+        const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), column(t0, off));
         if (off < valid && Ops::better(c, mine)) mine = c;
       }
     }
@@ -177,7 +184,7 @@ struct ChunkTopk {
     for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const uint32_t index = static_cast<uint32_t>(t0 + tile_offset(u, j));
+        const uint32_t index = column(t0, tile_offset(u, j));
         if (!(v[u][j] <= bound) || (v[u][j] == floor_value && index <= floor_index)) take |= 1u << (u * V + j);
       }
     }
