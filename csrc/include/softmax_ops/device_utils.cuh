@@ -1,5 +1,5 @@
 // Header-only device helpers shared by every CUDA kernel: dtype tags, conversions to/from the float
-// compute type, 16-byte vector packs, warp/block reductions and the online (max, sum) merge.
+// compute type, 16-byte vector packs, the online (max, sum) state and a block reduction.
 // No ATen here: kernel files see raw pointers, sizes and a stream only (DESIGN.md §1).
 #pragma once
 
@@ -62,97 +62,16 @@ struct alignas(sizeof(T) * N) Pack {
   T v[N];
 };
 
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack(const T* ptr) {
-  return *reinterpret_cast<const Pack<T, N>*>(ptr);
-}
-// Streaming load: data read once should not evict what another kernel pass will re-read from L2.
-template <typename T, int N>
-__device__ __forceinline__ Pack<T, N> load_pack_stream(const T* ptr) {
-  static_assert(sizeof(Pack<T, N>) == 16 || sizeof(Pack<T, N>) == 8 || sizeof(Pack<T, N>) == 4 ||
-                    sizeof(Pack<T, N>) == 2,
-                "pack must be 2, 4, 8 or 16 bytes");
-  Pack<T, N> out;
-  if constexpr (sizeof(Pack<T, N>) == 16) {
-    *reinterpret_cast<int4*>(&out) = __ldcs(reinterpret_cast<const int4*>(ptr));
-  } else if constexpr (sizeof(Pack<T, N>) == 8) {
-    *reinterpret_cast<int2*>(&out) = __ldcs(reinterpret_cast<const int2*>(ptr));
-  } else {
-    out = *reinterpret_cast<const Pack<T, N>*>(ptr);
-  }
-  return out;
-}
-template <typename T, int N>
-__device__ __forceinline__ void store_pack(T* ptr, const Pack<T, N>& p) {
-  *reinterpret_cast<Pack<T, N>*>(ptr) = p;
-}
-
-template <typename T>
-__device__ __forceinline__ bool is_aligned(const T* ptr, int bytes) {
-  return (reinterpret_cast<uintptr_t>(ptr) % bytes) == 0;
-}
-
 // NaN-propagating max (fmaxf drops NaN, torch's softmax propagates it).
 template <typename C>
 __device__ __forceinline__ C nan_max(C a, C b) { return (a != a || a > b) ? a : b; }
 
-template <typename C>
-__device__ __forceinline__ C fast_exp(C x) { return exp(x); }
-template <>
-__device__ __forceinline__ float fast_exp<float>(float x) { return __expf(x); }
-
-template <typename C>
-__device__ __forceinline__ C fast_log(C x) { return log(x); }
-template <>
-__device__ __forceinline__ float fast_log<float>(float x) { return __logf(x); }
-
-// Reductions over `Width` consecutive lanes (Width a power of two <= 32); every lane gets the result.
-template <int Width = kWarpSize, typename C>
-__device__ __forceinline__ C warp_sum(C v) {
-#pragma unroll
-  for (int offset = Width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset, Width);
-  return v;
-}
-template <int Width = kWarpSize, typename C>
-__device__ __forceinline__ C warp_max(C v) {
-#pragma unroll
-  for (int offset = Width / 2; offset > 0; offset /= 2) v = nan_max(v, __shfl_xor_sync(0xffffffffu, v, offset, Width));
-  return v;
-}
-
-// Online softmax state: running max m and sum d of exp(x - m) over the elements seen so far.
-// Merging (m1, d1) and (m2, d2): m = max(m1, m2); d = d1 * exp(m1 - m) + d2 * exp(m2 - m).
-// Empty state is (-inf, 0); merging with it must not create NaN, hence the guards.
+// Online softmax state of the softmax kernels (softmax_math.cuh): running max and sum of exp(x - max).
 template <typename C>
 struct MaxSum {
   C max;
   C sum;
 };
-
-template <typename C>
-__device__ __forceinline__ MaxSum<C> empty_max_sum() {
-  return {-static_cast<C>(INFINITY), static_cast<C>(0)};
-}
-
-template <typename C>
-__device__ __forceinline__ MaxSum<C> merge_max_sum(MaxSum<C> a, MaxSum<C> b) {
-  const C m = nan_max(a.max, b.max);
-  // exp(-inf - (-inf)) would be NaN: an empty side contributes 0 whatever the other max is.
-  const C sa = (a.sum == C(0)) ? C(0) : a.sum * fast_exp(a.max - m);
-  const C sb = (b.sum == C(0)) ? C(0) : b.sum * fast_exp(b.max - m);
-  return {m, sa + sb};
-}
-
-template <int Width = kWarpSize, typename C>
-__device__ __forceinline__ MaxSum<C> warp_merge_max_sum(MaxSum<C> s) {
-#pragma unroll
-  for (int offset = Width / 2; offset > 0; offset /= 2) {
-    MaxSum<C> other{__shfl_xor_sync(0xffffffffu, s.max, offset, Width),
-                    __shfl_xor_sync(0xffffffffu, s.sum, offset, Width)};
-    s = merge_max_sum(s, other);
-  }
-  return s;
-}
 
 // Block-wide all-reduce of one value with a binary op; `scratch` holds >= blockDim.x / 32 values.
 // Every thread gets the result. Ends with a barrier, so scratch may be reused right after.
