@@ -187,6 +187,18 @@ def special_row(kind: str, n: int, generator: torch.Generator) -> torch.Tensor:
     return row
 
 
+def check_reference_order(x, k, kernel, renormalize):
+    """fused_topk with `kernel` forced, on rows with special values: indices distinct, in range and in the
+    reference order, NaN exactly where the reference has NaN. Returns (values, reference values)."""
+    with softmax_ops.force_kernel("topk", kernel):
+        values, indices = softmax_ops.fused_topk(x, k, -1, renormalize)
+    ref_values, ref_indices = topk_reference(x, k, -1, renormalize)
+    assert_valid_indices(indices, x.shape[-1])
+    assert torch.equal(indices.cpu(), ref_indices)
+    assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+    return values, ref_values
+
+
 @requires_cuda
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -202,12 +214,7 @@ def test_forced_kernel_special_values(kernel, dtype, renormalize):
         for k in sorted({1, 3, min(n, 64), n}):
             if not n_supported(kernel, n, k, dtype):
                 continue
-            with softmax_ops.force_kernel("topk", kernel):
-                values, indices = softmax_ops.fused_topk(x, k, -1, renormalize)
-            ref_values, ref_indices = topk_reference(x, k, -1, renormalize)
-            assert_valid_indices(indices, n)
-            assert torch.equal(indices.cpu(), ref_indices)
-            assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+            values, ref_values = check_reference_order(x, k, kernel, renormalize)
             finite = ~torch.isnan(ref_values)
             tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
             assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
@@ -301,12 +308,7 @@ def test_forced_kernel_subnormals_signed_zeros_and_negative_nan(kernel, dtype):
     for k in (1, 8, n):
         if not n_supported(kernel, n, k, dtype):
             continue
-        with softmax_ops.force_kernel("topk", kernel):
-            values, indices = softmax_ops.fused_topk(x, k, -1, False)
-        ref_values, ref_indices = topk_reference(x, k, -1, False)
-        assert_valid_indices(indices, n)
-        assert torch.equal(indices.cpu(), ref_indices)
-        assert torch.equal(torch.isnan(values.cpu()), torch.isnan(ref_values))
+        check_reference_order(x, k, kernel, False)
 
 
 @requires_cuda
