@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
 FORWARD_FAMILY = "softmax"
 BACKWARD_FAMILY = "softmax_backward"
-ROW_KERNELS = ["warp", "block_onepass", "cluster_onepass", "two_pass", "split_row"]  # reduced dim last
+ROW_KERNELS = ["warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row"]  # reduced dim last
 ALL_KERNELS = [*ROW_KERNELS, "strided"]
 
 # (input dtype, dtype= argument): every (read, write) pair the forward kernels are compiled for.
@@ -56,6 +56,12 @@ WARP_LANES = 32
 WARP_MAX_PACKS = 8
 BLOCK_MAX_THREADS = 1024
 SMEM_RESERVE = 2048
+GRID_CTA_THREADS = 512  # grid_onepass: CTAs of up to 512 threads, two per SM (softmax_dispatch.cpp)
+
+
+def sm_count() -> int:
+    """SMs of the current GPU (132 on H100/H200, also assumed without a GPU for collecting parameters)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count if HAS_CUDA else 132
 
 
 def vec16(dtype: torch.dtype) -> int:
@@ -107,6 +113,9 @@ def kernel_handles(kernel: str, n: int, dtype: torch.dtype, backward: bool = Fal
         return (
             -(-packs // 16) <= block_capacity_packs(dtype, vec, backward) // 2
         )  # comfortably inside 16 CTAs
+    if kernel == "grid_onepass":
+        # at least 2 CTAs per row; 3 rows (rows_for) get a third of the SMs each: comfortably inside that
+        return packs >= 2 and -(-packs // (sm_count() // 3)) <= block_capacity_packs(dtype, vec, backward) // 2
     return True
 
 
@@ -128,6 +137,12 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
         sizes |= {256 * v, 257 * v, 4099, regs * v, regs * v + v, cap * v - v, cap * v, cap_scalar - 1}
     elif kernel == "cluster_onepass":
         sizes |= {16 * v - 1, 16 * v + 1, 4096 + v, 100003, 262144, 300007}
+    elif kernel == "grid_onepass":
+        # 2 packs (the fewest it splits); for 3 rows (2 x SMs / 3 CTAs per row) chunks of 1 / 2 / all register
+        # packs per thread at 512 threads, then chunks that spill into shared memory
+        per_row = 2 * sm_count() // 3 * GRID_CTA_THREADS * v
+        sizes |= {2 * v, 2 * v + 1, 3 * v, per_row, per_row + v, 2 * per_row + v, 100003, 262144, 300007, 1 << 20}
+        sizes |= {max_block_reg_packs(dtype, backward) * per_row + v, 3 * (1 << 20) + v}
     elif kernel == "two_pass":
         sizes |= {2048 * v - v, 2048 * v, 2048 * v + v, 100003, 1 << 20}
     elif kernel == "split_row":
@@ -227,6 +242,7 @@ SPECIAL_N = {
     "warp": 100,
     "block_onepass": 1000,
     "cluster_onepass": 100003,
+    "grid_onepass": 100003,
     "two_pass": 5000,
     "split_row": 100003,
     "strided": 50,
@@ -432,7 +448,7 @@ def test_forced_kernel_refuses_rows_beyond_its_capacity(kernel, dtype):
         ((65536, 64), torch.float16, "softmax", "warp"),
         ((4096, 4096), torch.float16, "softmax", "block_onepass"),
         ((2048, 8192), torch.float32, "log_softmax", "block_onepass"),
-        ((4, 262144), torch.float16, "softmax", "cluster_onepass"),
+        ((4, 262144), torch.float16, "softmax", "grid_onepass"),
         ((4, 33554432), torch.float32, "softmax", "split_row"),
         ((32, 16, 4096), torch.float32, "softmax", "strided"),
         ((2048, 4096), torch.bfloat16, "softmax_backward", "block_onepass"),
@@ -443,6 +459,18 @@ def test_explain_names_the_chosen_kernel(shape, dtype, op, kernel):
     text = softmax_ops.explain(shape, dtype, op=op, dim=dim)
     assert f"kernel {kernel}:" in text, text
     assert "why:" in text
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_forced_grid_onepass_refuses_more_rows_than_resident_ctas(backward):
+    """A grid group needs every CTA resident at once and at least 2 per row: 2 x SMs rows cannot be split."""
+    x = make_input((2 * sm_count(), 4096), torch.float32)
+    family = BACKWARD_FAMILY if backward else FORWARD_FAMILY
+    with softmax_ops.force_kernel(family, "grid_onepass"), pytest.raises(RuntimeError, match="cannot run"):
+        if backward:
+            torch.ops.softmax_ops.softmax_backward(x, x, -1, x.dtype)
+        else:
+            softmax_ops.softmax(x, -1)
 
 
 def test_explain_reports_forced_kernel_and_its_limits():
@@ -458,6 +486,8 @@ DETERMINISM_CASES = [
     ("warp", (1000, 1000)),
     ("block_onepass", (64, 30000)),
     ("cluster_onepass", (3, 100003)),
+    ("grid_onepass", (3, 100003)),
+    ("grid_onepass", (4, 1 << 20)),
     ("two_pass", (8, 200000)),
     ("split_row", (3, 1 << 21)),
     ("strided", (64, 512, 33)),
@@ -485,6 +515,7 @@ def test_bitwise_deterministic(kernel, shape):
         (None, (512, 1000)),
         ("split_row", (3, 300000)),
         ("cluster_onepass", (4, 262144)),
+        ("grid_onepass", (4, 262144)),
         ("strided", (8, 100, 33)),
     ],
 )

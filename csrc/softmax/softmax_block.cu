@@ -1,10 +1,11 @@
-// Launches the block / cluster one-pass kernel (forward and backward), and answers how many clusters of a
-// configuration can be resident on the current device at once.
+// Launches the block / cluster / grid one-pass kernel (forward and backward), and answers how many clusters
+// or CTAs of a configuration can be resident on the current device at once.
 #include "softmax_block_kernel.cuh"
 
 namespace softmax_ops {
 namespace {
 
+using detail::GridGroup;
 using detail::RowArgs;
 
 constexpr int kPortableClusterSize = 8;
@@ -32,17 +33,23 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
   });
 }
 
-template <typename Kernel>
-cudaLaunchConfig_t cluster_launch_config(const SoftmaxPlan& plan, cudaStream_t stream, cudaLaunchAttribute* attribute) {
+// A cluster launch (cluster_onepass), or a cooperative one (grid_onepass: the driver refuses it unless every
+// CTA can be resident at once, which the grid barrier needs).
+cudaLaunchConfig_t group_launch_config(const SoftmaxPlan& plan, cudaStream_t stream, cudaLaunchAttribute* attribute) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(plan.grid));
   config.blockDim = dim3(plan.threads);
   config.dynamicSmemBytes = plan.smem_bytes;
   config.stream = stream;
-  attribute->id = cudaLaunchAttributeClusterDimension;
-  attribute->val.clusterDim.x = plan.cluster;
-  attribute->val.clusterDim.y = 1;
-  attribute->val.clusterDim.z = 1;
+  if (plan.kernel == SoftmaxKernel::kGridOnePass) {
+    attribute->id = cudaLaunchAttributeCooperative;
+    attribute->val.cooperative = 1;
+  } else {
+    attribute->id = cudaLaunchAttributeClusterDimension;
+    attribute->val.clusterDim.x = plan.cluster;
+    attribute->val.clusterDim.y = 1;
+    attribute->val.clusterDim.z = 1;
+  }
   config.attrs = attribute;
   config.numAttrs = 1;
   return config;
@@ -70,17 +77,26 @@ cudaError_t prepare(Kernel kernel, const SoftmaxPlan& plan) {
 
 cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
                                  const SoftmaxPointers& ptrs, cudaStream_t stream) {
+  const bool grid_group = plan.kernel == SoftmaxKernel::kGridOnePass;
   if (plan.cluster < 1 || plan.grid % plan.cluster != 0) return cudaErrorInvalidValue;
+  if (grid_group && (plan.cluster != 1 || plan.chunks < 1 || plan.grid % plan.chunks != 0 || ptrs.workspace == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
+  GridGroup group;
+  if (grid_group) {
+    group.size = static_cast<int>(plan.chunks);
+    group.partials = ptrs.workspace;
+  }
   return with_block_kernel(problem, plan, ptrs, [&](auto kernel, const auto& args) {
     cudaError_t err = prepare(kernel, plan);
     if (err != cudaSuccess) return err;
-    if (plan.cluster == 1) {
-      kernel<<<static_cast<unsigned>(plan.grid), plan.threads, plan.smem_bytes, stream>>>(args, plan.smem_packs);
+    if (plan.cluster == 1 && !grid_group) {
+      kernel<<<static_cast<unsigned>(plan.grid), plan.threads, plan.smem_bytes, stream>>>(args, plan.smem_packs, group);
       return cudaGetLastError();
     }
     cudaLaunchAttribute attribute{};
-    const cudaLaunchConfig_t config = cluster_launch_config<decltype(kernel)>(plan, stream, &attribute);
-    err = cudaLaunchKernelEx(&config, kernel, args, plan.smem_packs);
+    const cudaLaunchConfig_t config = group_launch_config(plan, stream, &attribute);
+    err = cudaLaunchKernelEx(&config, kernel, args, plan.smem_packs, group);
     return err != cudaSuccess ? err : cudaGetLastError();
   });
 }
@@ -91,7 +107,7 @@ int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan
     cudaError_t e = prepare(kernel, plan);
     if (e != cudaSuccess) return e;
     cudaLaunchAttribute attribute{};
-    const cudaLaunchConfig_t config = cluster_launch_config<decltype(kernel)>(plan, nullptr, &attribute);
+    const cudaLaunchConfig_t config = group_launch_config(plan, nullptr, &attribute);
     return cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
   });
   if (err != cudaSuccess) {
@@ -99,6 +115,19 @@ int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan
     return 0;
   }
   return max_clusters;
+}
+
+int softmax_max_active_ctas_per_sm(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
+  int ctas = 0;
+  const cudaError_t err = with_block_kernel(problem, plan, SoftmaxPointers{}, [&](auto kernel, const auto&) {
+    const cudaError_t e = prepare(kernel, plan);
+    return e != cudaSuccess ? e : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, plan.threads, plan.smem_bytes);
+  });
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // as above: a refused query means "none"
+    return 0;
+  }
+  return ctas;
 }
 
 }  // namespace softmax_ops

@@ -1,7 +1,9 @@
-// Block / cluster one-pass kernel: a row (or, in a thread-block cluster, a contiguous chunk of a row per
-// CTA) is read once, cached on chip, reduced, then normalised from the cache and written once.
+// Block / cluster / grid one-pass kernel: a row (or, split over a group of CTAs, a contiguous chunk of a
+// row per CTA) is read once, cached on chip, reduced, then normalised from the cache and written once.
 //
-//   cluster of C CTAs per row (C = 1: plain block-per-row), T threads per CTA:
+//   group of C CTAs per row (C = 1: plain block-per-row), T threads per CTA; the group is a thread-block
+//   cluster (cluster_onepass, C <= 16) or a run of C consecutive CTAs of a cooperative launch
+//   (grid_onepass, any C, every CTA resident at once):
 //
 //     row packs:  [ chunk of CTA 0 | chunk of CTA 1 | ... | chunk of CTA C-1 ]   chunk = ceil(packs / C)
 //     in a chunk, thread t holds packs t, t + T, t + 2T, ...: the first PREG in registers, the next
@@ -10,7 +12,10 @@
 //   reduction: warp butterfly -> per-warp partials in shared memory -> every thread merges the partials
 //   in warp order; with C > 1, thread 0 publishes the CTA's result, cluster barrier, warp 0 reads the C
 //   results through distributed shared memory (DSMEM) and merges them with a fixed butterfly, so every
-//   CTA of the cluster gets bitwise the same row result.
+//   CTA of the cluster gets bitwise the same row result. A grid group publishes its results to a global
+//   workspace [rows][C] instead, and a grid barrier replaces the cluster barrier; every CTA of the row
+//   then merges the C results in the same fixed order (lane i folds results i, i + 32, ..., then a
+//   butterfly), so it too gets bitwise the same row result.
 //
 // Shared buffers alternate by row parity, which lets one barrier per step protect them (see
 // block_all_reduce). A CTA must not exit while a peer may still read its shared memory: the kernel ends
@@ -55,9 +60,37 @@ __device__ __forceinline__ T read_peer_shared(T* local, unsigned rank) {
 #endif
 }
 
+// Reads a value another CTA wrote before a grid barrier from L2 (ld.global.cg): the L1 of this SM is
+// not coherent with other SMs' stores.
+template <typename T>
+__device__ __forceinline__ T load_from_l2(const T* ptr) {
+  static_assert(sizeof(T) % sizeof(unsigned) == 0, "read as 32-bit words");
+  T value;
+  const unsigned* src = reinterpret_cast<const unsigned*>(ptr);
+  unsigned* dst = reinterpret_cast<unsigned*>(&value);
+#pragma unroll
+  for (int i = 0; i < static_cast<int>(sizeof(T) / sizeof(unsigned)); ++i) dst[i] = __ldcg(src + i);
+  return value;
+}
+
+__device__ __forceinline__ void grid_barrier() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  cooperative_groups::this_grid().sync();  // release / acquire at gpu scope: global writes become visible
+#else
+  __trap();  // grid groups are planned for sm_90 only
+#endif
+}
+
+// grid_size == 0: the group is the thread-block cluster (size 1 without one). grid_size = C > 0: the
+// launch is cooperative, gridDim.x = rows * C, and `partials` holds rows * C accumulators.
+struct GridGroup {
+  int size = 0;
+  void* partials = nullptr;
+};
+
 template <typename Op, int VEC, int PREG>
 __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
-    softmax_block_kernel(RowArgs<Op> args, int smem_packs) {
+    softmax_block_kernel(RowArgs<Op> args, int smem_packs, GridGroup grid_group) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using C = typename Op::C;
@@ -75,13 +108,19 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   const Op op = args.op;
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
-  const ClusterPosition cluster = cluster_position();
+  const bool in_grid_group = grid_group.size > 0;
+  const ClusterPosition cluster = in_grid_group ? ClusterPosition{static_cast<unsigned>(grid_group.size),
+                                                                  blockIdx.x % static_cast<unsigned>(grid_group.size)}
+                                                : cluster_position();
+  Acc* const grid_partials = static_cast<Acc*>(grid_group.partials);
   const int64_t n_packs = args.n / VEC;
   const int64_t chunk = (n_packs + cluster.size - 1) / cluster.size;
   const int64_t begin = min(n_packs, static_cast<int64_t>(cluster.rank) * chunk);
   const int64_t end = min(n_packs, begin + chunk);
   const int64_t clusters_in_grid = gridDim.x / cluster.size;
   if (end - begin > static_cast<int64_t>(threads) * (PREG + smem_packs)) __trap();  // dispatcher bug guard
+  // Every CTA of a grid group must pass the grid barrier exactly once: one row per group.
+  if (in_grid_group && clusters_in_grid != args.rows) __trap();
   auto spill_slot = [&](int s, int p) -> PackIn& { return spill[(static_cast<int64_t>(s) * smem_packs + p) * threads + tid]; };
 
   int parity = 0;
@@ -149,7 +188,19 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
     Acc acc = op.template accumulate<kChains>(Op::identity(), visit);
     acc = block_all_reduce<Op>(acc, partials, parity);
 
-    if (cluster.size > 1) {
+    if (in_grid_group) {
+      const Acc* const row_partials = grid_partials + row * cluster.size;
+      if (tid == 0) grid_partials[row * cluster.size + cluster.rank] = acc;
+      grid_barrier();
+      if (tid < kWarpSize) {
+        Acc peer = Op::identity();
+        for (unsigned i = tid; i < cluster.size; i += kWarpSize) peer = Op::merge(peer, load_from_l2(row_partials + i));
+        peer = warp_all_reduce<Op>(peer, kWarpSize);
+        if (tid == 0) row_result[parity] = peer;
+      }
+      __syncthreads();
+      acc = row_result[parity];
+    } else if (cluster.size > 1) {
       if (tid == 0) cluster_result[parity] = acc;
       cluster_barrier();
       if (tid < kWarpSize) {
@@ -186,7 +237,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
       }
     }
   }
-  if (cluster.size > 1) cluster_barrier();  // peers may still be reading cluster_result
+  if (!in_grid_group && cluster.size > 1) cluster_barrier();  // peers may still be reading cluster_result
 }
 
 }  // namespace softmax_ops::detail

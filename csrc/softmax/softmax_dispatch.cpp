@@ -64,6 +64,11 @@ struct Heuristics {
   static constexpr int kPortableClusterMax = 8;
   static constexpr int kClusterMax = 16;
 
+  // grid_onepass (few rows, cooperative launch): every resident CTA slot of the device gets a chunk of a
+  // row, with CTAs of up to kGridCtaThreads threads (two per SM), few packs per thread, chunks of at least
+  // kClusterMinChunkBytes. Clusters stop at 16 CTAs, so 4 rows kept 64 of 132 SMs busy.
+  static constexpr int kGridCtaThreads = 512;
+
   // two_pass (one CTA per row, re-read from L2) rather than split_row when rows are at least this many
   // per SM: every SM is busy anyway and one launch beats two.
   static constexpr double kTwoPassMinRowsPerSm = 2.0;
@@ -84,7 +89,7 @@ struct Heuristics {
   static constexpr int kGridWaves = 8;
 };
 
-constexpr const char* kKernelNames[kNumSoftmaxKernels] = {"warp",     "block_onepass", "cluster_onepass",
+constexpr const char* kKernelNames[kNumSoftmaxKernels] = {"warp",     "block_onepass", "cluster_onepass", "grid_onepass",
                                                           "two_pass", "split_row",     "strided"};
 
 int dtype_bytes(DType dtype) {
@@ -234,6 +239,24 @@ SoftmaxPlan plan_two_pass(const Geometry& g, const DeviceProps& props) {
   return plan;
 }
 
+// Bytes of one partial accumulator (the kernels' Op::Acc): MaxSum<float> / MaxSum<double> forward, a
+// double dot product backward.
+int64_t partial_bytes(const Geometry& g) { return g.streams == 1 ? 2 * (g.in_bytes == 8 ? 8 : 4) : 8; }
+
+SoftmaxPlan plan_grid_group(const Geometry& g, const CacheShape& shape, int64_t ctas_per_row) {
+  SoftmaxPlan plan;
+  plan.kernel = SoftmaxKernel::kGridOnePass;
+  plan.vec = g.vec;
+  plan.threads = shape.threads;
+  plan.reg_packs = shape.reg_packs;
+  plan.smem_packs = shape.smem_packs;
+  plan.smem_bytes = shape.smem_bytes;
+  plan.chunks = ctas_per_row;
+  plan.grid = g.rows * ctas_per_row;
+  plan.workspace_bytes = static_cast<size_t>(g.rows * ctas_per_row * partial_bytes(g));
+  return plan;
+}
+
 SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool forced) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kSplitRow;
@@ -247,8 +270,7 @@ SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool for
   plan.chunks = ceil_div(g.n_packs, chunk_packs);  // no empty chunk (launch.cu recomputes chunk_packs)
   plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(chunk_packs, 32), 32, Heuristics::kSplitThreads));
   plan.grid = std::min(g.rows * plan.chunks, grid_cap(props, plan.threads));
-  const int64_t acc_bytes = g.streams == 1 ? 2 * (g.in_bytes == 8 ? 8 : 4) : 8;  // MaxSum<C> or a double sum
-  plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * acc_bytes);
+  plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * partial_bytes(g));
   return plan;
 }
 
@@ -327,7 +349,8 @@ class Chooser {
       }
     }
     if (worth_splitting) {
-      auto choice = widest_cluster();
+      auto choice = grid_group(/*forced=*/false);
+      if (!choice) choice = widest_cluster();
       if (!choice) choice = try_clusters(2, /*exclusive=*/false);
       if (!choice) choice = try_clusters(2, /*exclusive=*/true);
       if (choice) {
@@ -367,6 +390,36 @@ class Chooser {
     return std::nullopt;
   }
 
+  // Few rows over every SM: the most CTAs per row such that all rows' CTAs are resident at once (the
+  // occupancy API's answer) and each chunk has at least kClusterMinChunkBytes (forced: at least 2 CTAs
+  // per row, any chunk). CTAs of up to kGridCtaThreads threads with the fewest packs per thread, or up to
+  // 1024 threads owning their SM when a chunk does not fit otherwise.
+  std::optional<SoftmaxChoice> grid_group(bool forced) {
+    if (!clusters_supported()) return std::nullopt;  // planned (and compiled) for sm_90 only
+    for (const bool exclusive : {false, true}) {
+      const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kGridCtaThreads;
+      const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
+      const int64_t slots = props_.sm_count * (exclusive ? 1 : 2);
+      int64_t ctas_per_row = slots / g_.rows;
+      if (!forced) {
+        const int64_t most = g_.n_packs * g_.pack_bytes * g_.streams / Heuristics::kClusterMinChunkBytes;
+        ctas_per_row = std::min(ctas_per_row, most);
+      }
+      ctas_per_row = std::min(ctas_per_row, g_.n_packs);
+      for (; ctas_per_row >= 2; --ctas_per_row) {
+        const int64_t chunk = ceil_div(g_.n_packs, ctas_per_row);
+        const auto shape = cache_shape(chunk, g_, max_threads, budget, max_threads);
+        if (!shape) break;  // fewer CTAs only make the chunk larger
+        const SoftmaxPlan plan = plan_grid_group(g_, *shape, ctas_per_row);
+        if (resident_ctas(plan) < plan.grid) continue;
+        return ok(plan, std::to_string(ctas_per_row) + " CTAs per row over every SM (one cooperative launch), each " +
+                            "caching " + kib(chunk * g_.pack_bytes * g_.streams) + " on chip; partial results " +
+                            "merged in fixed order after one grid barrier: one read, one write");
+      }
+    }
+    return std::nullopt;
+  }
+
   // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
   // per-CTA chunk fits (shared or exclusive budget) and which the device can schedule.
   std::optional<SoftmaxChoice> try_clusters(int first, bool exclusive) {
@@ -391,6 +444,27 @@ class Chooser {
   bool clusters_supported() const { return props_.cc_major >= 9; }
 
   bool cluster_schedulable(const SoftmaxPlan& plan) const { return resident_clusters(plan) > 0; }
+
+  // CTAs of `plan` the device holds at once (occupancy API, cached per shape); without a device, two per
+  // SM when a CTA leaves room for a second, one otherwise.
+  int64_t resident_ctas(const SoftmaxPlan& plan) const {
+    if (props_.assumed) {
+      const bool shares_sm = plan.threads <= Heuristics::kSharedCtaMaxThreads &&
+                             static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
+      return props_.sm_count * (shares_sm ? 2 : 1);
+    }
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t>;
+    static std::mutex mutex;
+    static std::map<Key, int> known;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    const Key key{device, static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
+                  plan.vec, plan.reg_packs, plan.threads, plan.smem_bytes};
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = known.find(key);
+    if (it == known.end()) it = known.emplace(key, softmax_max_active_ctas_per_sm(p_, plan)).first;
+    return static_cast<int64_t>(it->second) * props_.sm_count;
+  }
 
   // Clusters of `plan` the device holds at once: the occupancy API's answer (non-portable sizes need a
   // GPC with that many free SMs), cached per shape. Without a device (explain on a CPU machine), an
@@ -465,6 +539,12 @@ class Chooser {
       }
       return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds the registers + shared memory of a " +
                   "cluster of " + std::to_string(Heuristics::kClusterMax) + " CTAs");
+    }
+    if (name == "grid_onepass") {
+      if (auto choice = grid_group(/*forced=*/true)) return *choice;
+      return fail(prefix + "it needs compute capability 9.0 and at least 2 resident CTAs per row, each caching its " +
+                  "chunk of the row (" + kib(g_.row_bytes) + ") on chip; " + std::to_string(props_.sm_count) +
+                  " SMs hold too few for " + std::to_string(g_.rows) + " rows");
     }
     if (name == "two_pass") return ok(plan_two_pass(g_, props_), "forced");
     if (name == "split_row") return ok(plan_split_row(g_, props_, true), "forced");
@@ -541,7 +621,9 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       break;
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:
+    case SoftmaxKernel::kGridOnePass:
       if (plan.cluster > 1) s += ", clusters of " + to_string(plan.cluster) + " CTAs per row";
+      if (plan.kernel == SoftmaxKernel::kGridOnePass) s += ", " + to_string(plan.chunks) + " CTAs per row (cooperative)";
       s += ", " + to_string(plan.reg_packs) + " pack(s) per thread in registers + " + to_string(plan.smem_packs) +
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       break;
@@ -565,6 +647,7 @@ cudaError_t launch_softmax_plan(const SoftmaxProblem& problem, const SoftmaxPlan
       return launch_softmax_warp(problem, plan, ptrs, stream);
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:
+    case SoftmaxKernel::kGridOnePass:
       return launch_softmax_block(problem, plan, ptrs, stream);
     case SoftmaxKernel::kTwoPass:
     case SoftmaxKernel::kSplitRow:

@@ -16,11 +16,13 @@ enum class SoftmaxKernel : int {
   kWarp = 0,         // 1-32 lanes per row, row in registers, several rows per warp
   kBlockOnePass,     // one CTA per row, row cached in registers (+ dynamic shared memory), one read
   kClusterOnePass,   // a thread-block cluster per row, chunks cached on chip, partials merged via DSMEM
+  kGridOnePass,      // few rows: a cooperative launch, many CTAs per row, chunks cached on chip, partials
+                     // merged through a global workspace after one grid barrier
   kTwoPass,          // one CTA per row, any n: online (max, sum) pass, then re-read (L2) and write
   kSplitRow,         // two launches, any n: per-chunk partials to a workspace, then merge + normalise
   kStrided,          // reduced dim not last ([outer, n, inner > 1]): threads across inner, loop over n
 };
-constexpr int kNumSoftmaxKernels = 6;
+constexpr int kNumSoftmaxKernels = 7;
 
 // One softmax-family problem on a contiguous tensor seen as [outer, n, inner].
 // Forward: in0 = x (in_dtype), out = result (out_dtype); log selects log_softmax.
@@ -46,10 +48,10 @@ struct SoftmaxPlan {
   int reg_packs = 1;        // warp: vector packs per lane; block/cluster: packs per thread in registers
   int smem_packs = 0;       // block/cluster: further packs per thread (per input stream) in shared memory
   int cluster = 1;          // cluster: CTAs per row (thread-block cluster size)
-  int64_t chunks = 1;       // split_row: CTAs per row
+  int64_t chunks = 1;       // split_row, grid_onepass: CTAs per row
   int64_t grid = 1;         // CTAs launched (cluster: a multiple of `cluster`)
   size_t smem_bytes = 0;    // dynamic shared memory per CTA
-  size_t workspace_bytes = 0;  // split_row: the per-chunk partials, allocated by the caller
+  size_t workspace_bytes = 0;  // split_row, grid_onepass: the per-chunk partials, allocated by the caller
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
@@ -92,5 +94,8 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
 // How many clusters of `plan` (kClusterOnePass) can be resident on the current device at once (0: none;
 // sizes above 8 CTAs are non-portable and need a whole GPC). Queries the occupancy API (no sync).
 int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
+
+// How many CTAs of `plan` (kBlockOnePass / kGridOnePass configuration) one SM holds at once (0: none).
+int softmax_max_active_ctas_per_sm(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
 
 }  // namespace softmax_ops
