@@ -11,6 +11,8 @@ compared. One GPU call::
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 
 DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 
@@ -20,6 +22,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="4x16384,4x262144,128x1024,64x151936")
     parser.add_argument("--dtypes", default="fp16")
     parser.add_argument("--ops", default="softmax", help="softmax, log_softmax, softmax_backward")
+    parser.add_argument("--kernels", default="auto",
+                        help="softmax-family kernels to force, comma-separated ('auto' = the dispatcher's choice)")
     parser.add_argument("--topk", default="", help="fused_topk cases ROWSxNkK, comma-separated (e.g. 16384x8k2)")
     args = parser.parse_args()
 
@@ -33,16 +37,19 @@ def main() -> None:
             shape = tuple(int(v) for v in shape_text.split("x"))
             x = torch.randn(shape, device="cuda", dtype=dtype) * 3
             y = torch.empty_like(x)
-            for op in args.ops.split(","):
-                print(f"--- {shape_text} {dtype_name} {op}: {softmax_ops.explain(shape, dtype, op=op)}", flush=True)
-                torch.cuda.synchronize()
-                y.copy_(x)
-                if op == "softmax_backward":
-                    out = softmax_ops.softmax(x, -1)
-                    torch.ops.softmax_ops.softmax_backward(x, out, -1, dtype)
-                else:
-                    getattr(softmax_ops, op)(x, -1)
-                torch.cuda.synchronize()
+            for op, kernel in itertools.product(args.ops.split(","), args.kernels.split(",")):
+                family = "softmax_backward" if op == "softmax_backward" else "softmax"
+                forced = softmax_ops.force_kernel(family, kernel) if kernel != "auto" else contextlib.nullcontext()
+                with forced:
+                    print(f"--- {shape_text} {dtype_name} {op}: {softmax_ops.explain(shape, dtype, op=op)}", flush=True)
+                    out = softmax_ops.softmax(x, -1) if op == "softmax_backward" else None
+                    torch.cuda.synchronize()
+                    y.copy_(x)
+                    if op == "softmax_backward":
+                        torch.ops.softmax_ops.softmax_backward(x, out, -1, dtype)
+                    else:
+                        getattr(softmax_ops, op)(x, -1)
+                    torch.cuda.synchronize()
         for case in filter(None, args.topk.split(",")):
             shape_text, k = case.split("k")
             rows, cols = (int(v) for v in shape_text.split("x"))
