@@ -10,8 +10,11 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "softmax_dispatch.h"
@@ -26,6 +29,28 @@ DType cuda_dtype(at::ScalarType type) { return require_dtype_tag(type, "softmax_
 
 const char* family_of(bool backward) { return backward ? "softmax_backward" : "softmax"; }
 
+// The dispatcher's choice for a request on a device, remembered: a model calls the same few shapes over and
+// over, and the choice builds its explanation text and may query the occupancy API (microseconds of host
+// time per call otherwise). Bounded: a workload with ever-new shapes (dynamic sequence lengths) starts
+// over every kMaxEntries choices. Returns the plan, or sets *error when the (forced) kernel cannot run it.
+SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* error) {
+  using Key = std::tuple<int, bool, bool, int, int, int64_t, int64_t, int64_t, bool, std::string>;
+  constexpr size_t kMaxEntries = 4096;
+  static std::mutex mutex;
+  static std::map<Key, SoftmaxChoice> choices;
+  const SoftmaxProblem& p = request.problem;
+  const Key key{device, p.backward, p.log, static_cast<int>(p.in_dtype), static_cast<int>(p.out_dtype),
+                p.outer, p.n, p.inner, request.vector_aligned, request.forced};
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = choices.find(key);
+  if (it == choices.end()) {
+    if (choices.size() >= kMaxEntries) choices.clear();
+    it = choices.emplace(key, choose_softmax_kernel(request, device_props(device))).first;
+  }
+  if (!it->second.error.empty()) *error = it->second.error;
+  return it->second.plan;
+}
+
 // Chooses, allocates the split-row workspace if any, launches on the current stream, checks the launch.
 void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, const at::TensorOptions& options) {
   const int device = c10::cuda::current_device();
@@ -33,15 +58,16 @@ void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, co
   request.problem = problem;
   request.vector_aligned = pointers_vector_aligned(problem, ptrs);
   request.forced = kernel_override(family_of(problem.backward));
-  const SoftmaxChoice choice = choose_softmax_kernel(request, device_props(device));
-  TORCH_CHECK(choice.error.empty(), "softmax_ops.", op, ": ", choice.error);
+  std::string error;
+  const SoftmaxPlan plan = cached_plan(request, device, &error);
+  TORCH_CHECK(error.empty(), "softmax_ops.", op, ": ", error);
   at::Tensor workspace;  // freed after the launch: the caching allocator orders its reuse on this stream
-  if (choice.plan.workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(choice.plan.workspace_bytes)}, options.dtype(at::kByte));
+  if (plan.workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, options.dtype(at::kByte));
     ptrs.workspace = workspace.data_ptr();
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  C10_CUDA_CHECK(launch_softmax_plan(problem, choice.plan, ptrs, stream));
+  C10_CUDA_CHECK(launch_softmax_plan(problem, plan, ptrs, stream));
 }
 
 at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {

@@ -141,6 +141,16 @@ struct ForwardOp {
       return Exp::exp_from(x, m);
     }
   }
+  // The factor that moves a sum of terms relative to old_max to terms relative to new_max. kShiftedExp:
+  // 2^(shift_old - shift_new) from the rounded shifts themselves (term(old_max, ...) would leave the old
+  // shift's rounding, up to 2^0.004 for |x| ~ 6e4, in the sum: caught by the huge-magnitude tests).
+  static __device__ __forceinline__ C rescale(C old_max, C new_max, C neg_scaled_new) {
+    if constexpr (kShiftedExp) {
+      return ex2_approx(neg_scaled_new - neg_scaled(old_max));
+    } else {
+      return Exp::exp_from(old_max, new_max);
+    }
+  }
 
   static __device__ __forceinline__ C pad(int) { return negative_infinity<C>(); }
   static __device__ __forceinline__ Acc identity() { return {negative_infinity<C>(), C(0)}; }
@@ -167,9 +177,8 @@ struct ForwardOp {
     const C neg_scaled_m = neg_scaled(m);
     visit([&](const C* v, int j) { sums[j % Chains] += term(v[0], m, neg_scaled_m); });
     const C chunk_sum = reduce_ilp(sums, [](C a, C b) { return a + b; });
-    // exp(-inf) = 0 covers the empty running state; the factor is 1 (kShiftedExp: 2^residual, the same
-    // factor every term of the running sum already carries) when the max did not move.
-    const C factor = acc.sum == C(0) ? C(0) : term(acc.max, m, neg_scaled_m);
+    // The factor is exactly 1 when the max did not move; an empty running state contributes 0.
+    const C factor = acc.sum == C(0) ? C(0) : rescale(acc.max, m, neg_scaled_m);
     return {m, acc.sum * factor + chunk_sum};
   }
 
@@ -177,8 +186,8 @@ struct ForwardOp {
     const C m = nan_max(a.max, b.max);
     const C neg_scaled_m = neg_scaled(m);
     // An empty side (sum 0, max -inf) contributes 0 even when the other max is -inf too (no inf - inf).
-    const C sa = a.sum == C(0) ? C(0) : a.sum * term(a.max, m, neg_scaled_m);
-    const C sb = b.sum == C(0) ? C(0) : b.sum * term(b.max, m, neg_scaled_m);
+    const C sa = a.sum == C(0) ? C(0) : a.sum * rescale(a.max, m, neg_scaled_m);
+    const C sb = b.sum == C(0) ? C(0) : b.sum * rescale(b.max, m, neg_scaled_m);
     return {m, sa + sb};
   }
 
