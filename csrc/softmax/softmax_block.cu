@@ -5,7 +5,7 @@
 namespace softmax_ops {
 namespace {
 
-using detail::GridGroup;
+using detail::BlockOptions;
 using detail::RowArgs;
 
 constexpr int kPortableClusterSize = 8;
@@ -23,7 +23,16 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         constexpr int kVec = std::decay_t<decltype(vec)>::value;
         constexpr int kRegPacks = std::decay_t<decltype(reg_packs)>::value;
         // Fewer packs than the maximum: few-rows clusters spread over threads (cache_shape), vector path only.
+        // The prefetching variant: forward, many rows (always the maximum packs), vector path.
+        constexpr bool kCanPrefetch = Op::kStreams == 1 && kRegPacks == kMaxRegPacks<Op> && kVec > 1;
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
+          if (plan.prefetch) {
+            if constexpr (kCanPrefetch) {
+              return fn(softmax_block_kernel<Op, kVec, kRegPacks, true>, args);
+            } else {
+              return cudaErrorInvalidValue;  // never planned: see add_row_prefetch
+            }
+          }
           return fn(softmax_block_kernel<Op, kVec, kRegPacks>, args);
         } else {
           return cudaErrorInvalidValue;  // never planned: see cache_shape
@@ -82,21 +91,21 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
   if (grid_group && (plan.cluster != 1 || plan.chunks < 1 || plan.grid % plan.chunks != 0 || ptrs.workspace == nullptr)) {
     return cudaErrorInvalidValue;
   }
-  GridGroup group;
+  BlockOptions options;
   if (grid_group) {
-    group.size = static_cast<int>(plan.chunks);
-    group.partials = ptrs.workspace;
+    options.grid_group_size = static_cast<int>(plan.chunks);
+    options.partials = ptrs.workspace;
   }
   return with_block_kernel(problem, plan, ptrs, [&](auto kernel, const auto& args) {
     cudaError_t err = prepare(kernel, plan);
     if (err != cudaSuccess) return err;
     if (plan.cluster == 1 && !grid_group) {
-      kernel<<<static_cast<unsigned>(plan.grid), plan.threads, plan.smem_bytes, stream>>>(args, plan.smem_packs, group);
+      kernel<<<static_cast<unsigned>(plan.grid), plan.threads, plan.smem_bytes, stream>>>(args, plan.smem_packs, options);
       return cudaGetLastError();
     }
     cudaLaunchAttribute attribute{};
     const cudaLaunchConfig_t config = group_launch_config(plan, stream, &attribute);
-    err = cudaLaunchKernelEx(&config, kernel, args, plan.smem_packs, group);
+    err = cudaLaunchKernelEx(&config, kernel, args, plan.smem_packs, options);
     return err != cudaSuccess ? err : cudaGetLastError();
   });
 }

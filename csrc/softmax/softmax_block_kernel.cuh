@@ -81,16 +81,21 @@ __device__ __forceinline__ void grid_barrier() {
 #endif
 }
 
-// grid_size == 0: the group is the thread-block cluster (size 1 without one). grid_size = C > 0: the
-// launch is cooperative, gridDim.x = rows * C, and `partials` holds rows * C accumulators.
-struct GridGroup {
-  int size = 0;
+// grid_group_size == 0: the group is the thread-block cluster (size 1 without one). grid_group_size = C > 0:
+// the launch is cooperative, gridDim.x = rows * C, and `partials` holds rows * C accumulators.
+struct BlockOptions {
+  int grid_group_size = 0;
   void* partials = nullptr;
 };
 
-template <typename Op, int VEC, int PREG>
+// kPrefetch (CTAs of several rows whose row fits in registers, smem_packs == 0, 16-byte packs): while a
+// row is reduced and written, the CTA's next row is already on its way into shared memory (cp.async, the
+// thread's own PREG slots per stream); the next iteration reads it from there instead of from DRAM. A
+// template parameter, not a flag: its live state made ptxas spill the register cache of the other
+// instances (backward fp32, 4 packs: 64 bytes).
+template <typename Op, int VEC, int PREG, bool kPrefetch = false>
 __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
-    softmax_block_kernel(RowArgs<Op> args, int smem_packs, GridGroup grid_group) {
+    softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using C = typename Op::C;
@@ -108,11 +113,12 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   const Op op = args.op;
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
-  const bool in_grid_group = grid_group.size > 0;
-  const ClusterPosition cluster = in_grid_group ? ClusterPosition{static_cast<unsigned>(grid_group.size),
-                                                                  blockIdx.x % static_cast<unsigned>(grid_group.size)}
-                                                : cluster_position();
-  Acc* const grid_partials = static_cast<Acc*>(grid_group.partials);
+  const bool in_grid_group = options.grid_group_size > 0;
+  const ClusterPosition cluster = in_grid_group
+                                      ? ClusterPosition{static_cast<unsigned>(options.grid_group_size),
+                                                        blockIdx.x % static_cast<unsigned>(options.grid_group_size)}
+                                      : cluster_position();
+  Acc* const grid_partials = static_cast<Acc*>(options.partials);
   const int64_t n_packs = args.n / VEC;
   const int64_t chunk = (n_packs + cluster.size - 1) / cluster.size;
   const int64_t begin = min(n_packs, static_cast<int64_t>(cluster.rank) * chunk);
@@ -122,6 +128,26 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   // Every CTA of a grid group must pass the grid barrier exactly once: one row per group.
   if (in_grid_group && clusters_in_grid != args.rows) __trap();
   auto spill_slot = [&](int s, int p) -> PackIn& { return spill[(static_cast<int64_t>(s) * smem_packs + p) * threads + tid]; };
+  // The prefetch buffer [S][PREG][T] uses the same dynamic shared memory (smem_packs == 0 then).
+  constexpr bool kAsyncFill = sizeof(PackIn) == 16;
+  static_assert(!kPrefetch || kAsyncFill, "the prefetch copies 16-byte packs");
+  if (kPrefetch && smem_packs != 0) __trap();  // dispatcher bug guard: the buffer is the whole dynamic smem
+  auto staged_pack = [&](int s, int p) -> PackIn& { return spill[(s * PREG + p) * threads + tid]; };
+  auto prefetch_row = [&](int64_t row) {
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        if (k < end) {
+          copy_async_16(&staged_pack(s, p), args.in[s] + row * args.n + k * VEC);
+        } else {
+          staged_pack(s, p) = filled_pack<In, VEC>(Op::pad(s));
+        }
+      }
+    }
+  };
+  bool row_prefetched = false;  // this row is in the prefetch buffer
 
   int parity = 0;
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
@@ -129,7 +155,6 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
 
     // Shared-memory packs first, as asynchronous copies when they are 16 bytes, so they are in flight
     // while the register packs load. Each thread reads back only its own slots: no barrier, just a wait.
-    constexpr bool kAsyncFill = sizeof(PackIn) == 16;
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
 #pragma unroll
@@ -144,15 +169,31 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
       }
     }
     PackIn cache[S][PREG];
+    if (kPrefetch && row_prefetched) {
+      wait_async_copies();  // only this thread's prefetch of this row is outstanding
 #pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-      const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+      for (int p = 0; p < PREG; ++p) {
 #pragma unroll
-      for (int s = 0; s < S; ++s) {
-        cache[s][p] = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+        for (int s = 0; s < S; ++s) cache[s][p] = load_vec<In, VEC>(staged_pack(s, p).v);
+      }
+    } else {
+#pragma unroll
+      for (int p = 0; p < PREG; ++p) {
+        const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          cache[s][p] = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+        }
       }
     }
     if constexpr (kAsyncFill) wait_async_copies();
+    if constexpr (kPrefetch) {
+      // The slots were just read into registers (same thread, program order); DRAM now serves the next
+      // row while this one is reduced and written, instead of idling through the math of every CTA.
+      const int64_t next = row + clusters_in_grid;
+      row_prefetched = next < args.rows;
+      if (row_prefetched) prefetch_row(next);
+    }
 
     // A shared-memory slot is read as whole 16-byte words into registers first: element-wise reads of a
     // bfloat16 pack compiled to 8 LDS.U16 per visit (3 visits per element) instead of one LDS.128.

@@ -216,6 +216,24 @@ int64_t exclusive_smem_budget(const DeviceProps& props) {
   return props.smem_per_block_optin - Heuristics::kSmemReservePerCta;
 }
 
+// Many rows whose row fits in registers: CTAs take rows in turn, at least two each, and each prefetches its
+// next row into shared memory (cp.async) while it reduces and writes the current one. With one row per CTA
+// every CTA of the single wave loads, then computes, then stores at the same time, and DRAM idles through
+// the math (Nsight Compute, H200, 2048 x 4096 fp16: 2048 CTAs in 0.97 waves, 24% DRAM throughput).
+void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& props) {
+  // Forward only (a compiled variant per forward dtype pair), register-only rows, 16-byte packs.
+  if (g.streams != 1 || plan.cluster != 1 || plan.smem_packs != 0 || g.vec == 1 || g.rows < 2) return;
+  if (plan.reg_packs != g.max_reg_packs) return;
+  const int64_t staging = static_cast<int64_t>(plan.reg_packs) * plan.threads * g.pack_bytes * g.streams;
+  // Resident CTAs per SM: the 64-register budget (1024 threads), 32 CTAs, and shared memory.
+  const int64_t by_smem = props.smem_per_sm / (staging + Heuristics::kSmemReservePerCta);
+  const int64_t per_sm = std::min<int64_t>({32, kBlockKernelMaxThreads / plan.threads, by_smem});
+  if (per_sm < 1) return;
+  plan.prefetch = true;
+  plan.smem_bytes = static_cast<size_t>(staging);
+  plan.grid = std::min(ceil_div(g.rows, 2), per_sm * props.sm_count);
+}
+
 SoftmaxPlan plan_cached(const Geometry& g, const DeviceProps& props, const CacheShape& shape, int cluster) {
   SoftmaxPlan plan;
   plan.kernel = cluster > 1 ? SoftmaxKernel::kClusterOnePass : SoftmaxKernel::kBlockOnePass;
@@ -312,9 +330,11 @@ class Chooser {
  private:
   SoftmaxChoice choose_many_rows() {
     if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
-      return ok(plan_cached(g_, props_, *shape, 1),
-                "enough rows for every SM; a row (" + kib(g_.row_bytes) + ") fits on chip in one CTA that leaves " +
-                    "room for a second per SM: one read, one write");
+      SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
+      add_row_prefetch(plan, g_, props_);
+      return ok(plan, "enough rows for every SM; a row (" + kib(g_.row_bytes) + ") fits on chip in one CTA that " +
+                          "leaves room for a second per SM: one read, one write" +
+                          (plan.prefetch ? "; each CTA prefetches its next row while it works on one" : ""));
     }
     if (auto choice = try_clusters(2, /*exclusive=*/false)) {
       choice->reason = "enough rows, but a row (" + kib(g_.row_bytes) + ") is too large for one CTA: " +
@@ -522,7 +542,9 @@ class Chooser {
     }
     if (name == "block_onepass") {
       if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
-        return ok(plan_cached(g_, props_, *shape, 1), "forced");
+        SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
+        add_row_prefetch(plan, g_, props_);
+        return ok(plan, "forced");
       }
       return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds one CTA's registers + shared memory");
     }
@@ -626,6 +648,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.kernel == SoftmaxKernel::kGridOnePass) s += ", " + to_string(plan.chunks) + " CTAs per row (cooperative)";
       s += ", " + to_string(plan.reg_packs) + " pack(s) per thread in registers + " + to_string(plan.smem_packs) +
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
+      if (plan.prefetch) s += ", next row prefetched into shared memory";
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +

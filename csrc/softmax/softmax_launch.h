@@ -52,6 +52,7 @@ struct SoftmaxPlan {
   int64_t grid = 1;         // CTAs launched (cluster: a multiple of `cluster`)
   size_t smem_bytes = 0;    // dynamic shared memory per CTA
   size_t workspace_bytes = 0;  // split_row, grid_onepass: the per-chunk partials, allocated by the caller
+  bool prefetch = false;    // block: each CTA's next row streams into shared memory (smem_bytes) meanwhile
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
