@@ -461,6 +461,16 @@ def test_explain_names_the_chosen_kernel(shape, dtype, op, kernel):
     assert "why:" in text
 
 
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_automatic_block_kernel_prefetches_next_row(dtype, op):
+    """Many 16-bit rows that fit in registers: the dispatcher's own plan (two rows per CTA, the second
+    prefetched into shared memory) gives the reference's answer, odd row count included."""
+    x = make_input((301, 6000), dtype, seed=7)
+    assert "next row prefetched" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
+    check_forward(op, x)
+
+
 @pytest.mark.parametrize("backward", [False, True])
 def test_forced_grid_onepass_refuses_more_rows_than_resident_ctas(backward):
     """A grid group needs every CTA resident at once and at least 2 per row: 2 x SMs rows cannot be split."""

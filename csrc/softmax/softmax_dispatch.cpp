@@ -46,6 +46,8 @@ struct Heuristics {
   // and half the SM's shared memory. Rows larger than that use a cluster (or a CTA that owns the SM).
   static constexpr int kSharedCtaMaxThreads = 512;
   static constexpr int kSmemReservePerCta = 2048;  // static shared memory (<= 1088 B) + driver reserve
+  // Row prefetch (add_row_prefetch) up to this many waves of rows.
+  static constexpr int64_t kPrefetchMaxWaves = 4;
 
   // Fewer rows than SMs: one CTA per row leaves SMs idle (PERF.md: 4 x 262144 runs at 0.10 of copy in
   // torch eager for exactly this reason), so rows are split over a cluster of CTAs.
@@ -220,7 +222,12 @@ int64_t exclusive_smem_budget(const DeviceProps& props) {
 // next row into shared memory (cp.async) while it reduces and writes the current one. With one row per CTA
 // every CTA of the single wave loads, then computes, then stores at the same time, and DRAM idles through
 // the math (Nsight Compute, H200, 2048 x 4096 fp16: 2048 CTAs in 0.97 waves, 24% DRAM throughput).
-void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& props) {
+// Only 16-bit inputs (twice the elements, so twice the math, per byte) and up to kPrefetchMaxWaves waves
+// of rows: beyond, later waves of one-row CTAs already overlap the earlier ones' math. H200, 2026-11-22
+// (xCopy without -> with prefetch): 2048x4096 fp16 0.80 -> 0.83, 4096x4096 fp16 0.81 -> 0.85; fp32 neutral
+// to worse (2048x4096 0.92 -> 0.94, 4096x4096 0.95 -> 0.94, 2048x2048 1.00 -> 0.92); 32768x2048 (8-16
+// waves) fp16 0.92 -> 0.88, fp32 0.96 -> 0.90. Forced block_onepass always prefetches (the tests' way in).
+void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& props, bool forced) {
   // Forward only (a compiled variant per forward dtype pair), register-only rows, 16-byte packs.
   if (g.streams != 1 || plan.cluster != 1 || plan.smem_packs != 0 || g.vec == 1 || g.rows < 2) return;
   if (plan.reg_packs != g.max_reg_packs) return;
@@ -229,6 +236,7 @@ void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& p
   const int64_t by_smem = props.smem_per_sm / (staging + Heuristics::kSmemReservePerCta);
   const int64_t per_sm = std::min<int64_t>({32, kBlockKernelMaxThreads / plan.threads, by_smem});
   if (per_sm < 1) return;
+  if (!forced && (g.in_bytes != 2 || g.rows > Heuristics::kPrefetchMaxWaves * per_sm * props.sm_count)) return;
   plan.prefetch = true;
   plan.smem_bytes = static_cast<size_t>(staging);
   plan.grid = std::min(ceil_div(g.rows, 2), per_sm * props.sm_count);
@@ -331,7 +339,7 @@ class Chooser {
   SoftmaxChoice choose_many_rows() {
     if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
-      add_row_prefetch(plan, g_, props_);
+      add_row_prefetch(plan, g_, props_, /*forced=*/false);
       return ok(plan, "enough rows for every SM; a row (" + kib(g_.row_bytes) + ") fits on chip in one CTA that " +
                           "leaves room for a second per SM: one read, one write" +
                           (plan.prefetch ? "; each CTA prefetches its next row while it works on one" : ""));
@@ -543,7 +551,7 @@ class Chooser {
     if (name == "block_onepass") {
       if (auto shape = cache_shape(g_.n_packs, g_, kBlockKernelMaxThreads, exclusive_smem_budget(props_))) {
         SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
-        add_row_prefetch(plan, g_, props_);
+        add_row_prefetch(plan, g_, props_, /*forced=*/true);  // tests reach the prefetching instance here
         return ok(plan, "forced");
       }
       return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds one CTA's registers + shared memory");
