@@ -51,7 +51,18 @@ SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* 
   return it->second.plan;
 }
 
-// Chooses, allocates the split-row workspace if any, launches on the current stream, checks the launch.
+// Allocates the plan's workspace if any and launches it on the current stream; returns the launch's error.
+cudaError_t launch(const SoftmaxProblem& problem, const SoftmaxPlan& plan, SoftmaxPointers ptrs,
+                   const at::TensorOptions& options, cudaStream_t stream) {
+  at::Tensor workspace;  // freed after the launch: the caching allocator orders its reuse on this stream
+  if (plan.workspace_bytes > 0) {
+    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, options.dtype(at::kByte));
+    ptrs.workspace = workspace.data_ptr();
+  }
+  return launch_softmax_plan(problem, plan, ptrs, stream);
+}
+
+// Chooses, launches on the current stream, checks the launch.
 void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, const at::TensorOptions& options) {
   const int device = c10::cuda::current_device();
   SoftmaxRequest request;
@@ -61,13 +72,22 @@ void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, co
   std::string error;
   const SoftmaxPlan plan = cached_plan(request, device, &error);
   TORCH_CHECK(error.empty(), "softmax_ops.", op, ": ", error);
-  at::Tensor workspace;  // freed after the launch: the caching allocator orders its reuse on this stream
-  if (plan.workspace_bytes > 0) {
-    workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, options.dtype(at::kByte));
-    ptrs.workspace = workspace.data_ptr();
-  }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device).stream();
-  C10_CUDA_CHECK(launch_softmax_plan(problem, plan, ptrs, stream));
+  cudaError_t err = launch(problem, plan, ptrs, options, stream);
+  if (err == cudaErrorCooperativeLaunchTooLarge && plan.kernel == SoftmaxKernel::kGridOnePass && request.forced.empty()) {
+    // Fewer SMs usable than the device reports (MPS limits, another context): the grid group cannot be
+    // resident at once. A cluster per row, or else the split-row kernel, needs no co-residency.
+    (void)cudaGetLastError();
+    for (const char* fallback : {"cluster_onepass", "split_row"}) {
+      request.forced = fallback;
+      const SoftmaxChoice choice = choose_softmax_kernel(request, device_props(device));
+      if (choice.error.empty()) {
+        err = launch(problem, choice.plan, ptrs, options, stream);
+        break;
+      }
+    }
+  }
+  C10_CUDA_CHECK(err);
 }
 
 at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype, bool log) {
