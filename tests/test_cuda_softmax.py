@@ -471,6 +471,17 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
     check_forward(op, x)
 
 
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
+@pytest.mark.parametrize("shape", [(128, 1024), (264, 512), (37, 2048), (5, 640)])
+def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
+    """Few warp-sized rows: the dispatcher's own plan (a CTA per row, one or two packs per thread)."""
+    x = make_input(shape, in_dtype, seed=shape[0])
+    if in_dtype != torch.float64:
+        assert "kernel block_onepass" in softmax_ops.explain(shape, in_dtype, op=op)
+    check_forward(op, x, -1, out_dtype)
+
+
 @pytest.mark.parametrize("backward", [False, True])
 def test_forced_grid_onepass_refuses_more_rows_than_resident_ctas(backward):
     """A grid group needs every CTA resident at once and at least 2 per row: 2 x SMs rows cannot be split."""

@@ -46,6 +46,9 @@ struct Heuristics {
   // and half the SM's shared memory. Rows larger than that use a cluster (or a CTA that owns the SM).
   static constexpr int kSharedCtaMaxThreads = 512;
   static constexpr int kSmemReservePerCta = 2048;  // static shared memory (<= 1088 B) + driver reserve
+  // Rows that would take the warp kernel but are this few per SM spread over a CTA (spread_small_rows).
+  static constexpr int64_t kSmallRowsPerSm = 2;
+  static constexpr int kSmallRowSpreadThreads = 256;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -327,6 +330,7 @@ class Chooser {
                                                              "): threads run across inner, coalesced, no transpose");
     const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
+      if (auto spread = spread_small_rows()) return *spread;
       return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
                                            kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
                                            "row in registers, no block barrier");
@@ -416,6 +420,21 @@ class Chooser {
       }
     }
     return std::nullopt;
+  }
+
+  // Few warp-sized rows (a few warps per SM): nothing hides a lane's chain of 4-8 packs, so a CTA per row
+  // spreads the row over up to kSmallRowSpreadThreads threads, one or two packs each. H200, 2026-11-22:
+  // 128 x 1024 took 6.3 us (fp16) in the warp kernel, where torch.compile's kernel took 4.6 us.
+  std::optional<SoftmaxChoice> spread_small_rows() {
+    if (g_.vec == 1 || p_.backward) return std::nullopt;
+    if (g_.rows > Heuristics::kSmallRowsPerSm * props_.sm_count || g_.n_packs < 2 * 32) return std::nullopt;
+    const auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_),
+                                   Heuristics::kSmallRowSpreadThreads);
+    if (!shape || shape->smem_packs != 0) return std::nullopt;
+    return ok(plan_cached(g_, props_, *shape, 1),
+              std::to_string(g_.rows) + " rows of " + kib(g_.row_bytes) + " (<= " +
+                  std::to_string(Heuristics::kSmallRowsPerSm) + " per SM): a CTA per row spreads it over " +
+                  std::to_string(shape->threads) + " threads, so each thread's chain stays short");
   }
 
   // Few rows over every SM: the most CTAs per row such that all rows' CTAs are resident at once (the
