@@ -422,12 +422,14 @@ class Chooser {
     return std::nullopt;
   }
 
-  // Few warp-sized rows (a few warps per SM): nothing hides a lane's chain of 4-8 packs, so a CTA per row
-  // spreads the row over up to kSmallRowSpreadThreads threads, one or two packs each. H200, 2026-11-22:
-  // 128 x 1024 took 6.3 us (fp16) in the warp kernel, where torch.compile's kernel took 4.6 us.
+  // Few 16-bit warp-sized rows that would need 8 packs per lane (a few warps per SM): nothing hides a lane's
+  // chain of 8 packs, so a CTA per row spreads the row over up to kSmallRowSpreadThreads threads, one pack
+  // each. H200, 2026-11-22, softmax xCopy warp -> spread: 37 x 2048 fp16 0.69 -> 0.87, bf16 0.67 -> 0.78;
+  // 128 x 2048 fp16 0.78 -> 0.89, bf16 0.77 -> 0.90. With 4 packs per lane or fp32 rows the warp kernel
+  // was as fast or faster (128 x 1024 fp16 0.85 vs 0.77, 264 x 512 fp16 0.96 vs 0.81, fp32 0.91 vs 0.83).
   std::optional<SoftmaxChoice> spread_small_rows() {
-    if (g_.vec == 1 || p_.backward) return std::nullopt;
-    if (g_.rows > Heuristics::kSmallRowsPerSm * props_.sm_count || g_.n_packs < 2 * 32) return std::nullopt;
+    if (g_.vec == 1 || p_.backward || g_.in_bytes != 2) return std::nullopt;
+    if (g_.rows > Heuristics::kSmallRowsPerSm * props_.sm_count || g_.n_packs <= 4 * 32) return std::nullopt;
     const auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_),
                                    Heuristics::kSmallRowSpreadThreads);
     if (!shape || shape->smem_packs != 0) return std::nullopt;
