@@ -245,14 +245,21 @@ void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& p
   plan.grid = std::min(ceil_div(g.rows, 2), per_sm * props.sm_count);
 }
 
-SoftmaxPlan plan_cached(const Geometry& g, const DeviceProps& props, const CacheShape& shape, int cluster) {
+// The one-pass kernels' common fields: which kernel, and how each CTA caches its (chunk of a) row.
+SoftmaxPlan one_pass_plan(SoftmaxKernel kernel, const Geometry& g, const CacheShape& shape) {
   SoftmaxPlan plan;
-  plan.kernel = cluster > 1 ? SoftmaxKernel::kClusterOnePass : SoftmaxKernel::kBlockOnePass;
+  plan.kernel = kernel;
   plan.vec = g.vec;
   plan.threads = shape.threads;
   plan.reg_packs = shape.reg_packs;
   plan.smem_packs = shape.smem_packs;
   plan.smem_bytes = shape.smem_bytes;
+  return plan;
+}
+
+SoftmaxPlan plan_cached(const Geometry& g, const DeviceProps& props, const CacheShape& shape, int cluster) {
+  SoftmaxPlan plan =
+      one_pass_plan(cluster > 1 ? SoftmaxKernel::kClusterOnePass : SoftmaxKernel::kBlockOnePass, g, shape);
   plan.cluster = cluster;
   const int64_t clusters = std::min(g.rows, std::max<int64_t>(1, grid_cap(props, shape.threads) / cluster));
   plan.grid = clusters * cluster;
@@ -273,13 +280,7 @@ SoftmaxPlan plan_two_pass(const Geometry& g, const DeviceProps& props) {
 int64_t partial_bytes(const Geometry& g) { return g.streams == 1 ? 2 * (g.in_bytes == 8 ? 8 : 4) : 8; }
 
 SoftmaxPlan plan_grid_group(const Geometry& g, const CacheShape& shape, int64_t ctas_per_row) {
-  SoftmaxPlan plan;
-  plan.kernel = SoftmaxKernel::kGridOnePass;
-  plan.vec = g.vec;
-  plan.threads = shape.threads;
-  plan.reg_packs = shape.reg_packs;
-  plan.smem_packs = shape.smem_packs;
-  plan.smem_bytes = shape.smem_bytes;
+  SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kGridOnePass, g, shape);
   plan.chunks = ctas_per_row;
   plan.grid = g.rows * ctas_per_row;
   plan.workspace_bytes = static_cast<size_t>(g.rows * ctas_per_row * partial_bytes(g));
