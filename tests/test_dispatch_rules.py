@@ -1,0 +1,68 @@
+"""The softmax dispatcher's size rules, read through ``softmax_ops.explain``.
+
+explain needs no GPU: without one it plans for an assumed H100 (132 SMs, 228 KB shared memory per SM), so
+these run in CPU-only CI wherever the CUDA kernels were compiled. On a GPU they run when it has 132 SMs
+(H100 / H200), the device the rules were measured on. Each case restates a rule documented in
+csrc/softmax/softmax_dispatch.cpp with the measurement behind it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import softmax_ops
+
+CUDA_BUILT = bool(softmax_ops.list_kernels("softmax"))
+SM_COUNT = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+
+pytestmark = [
+    pytest.mark.skipif(not CUDA_BUILT, reason="the CUDA kernels (and their dispatcher) were not compiled"),
+    pytest.mark.skipif(SM_COUNT != 132, reason=f"rules asserted for 132-SM Hopper GPUs, this one has {SM_COUNT}"),
+]
+
+
+def plan_line(shape, dtype, op="softmax") -> str:
+    text = softmax_ops.explain(shape, dtype, op=op)
+    return next(line for line in text.splitlines() if line.strip().startswith("kernel "))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward"])
+@pytest.mark.parametrize("shape,dtype", [((4, 262144), torch.float16), ((4, 1048576), torch.float32),
+                                         ((3, 100003), torch.float32), ((8, 262144), torch.bfloat16)])
+def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dtype, op):
+    line = plan_line(shape, dtype, op)
+    assert "kernel grid_onepass" in line and "(cooperative)" in line, line
+    ctas = int(line.split(": ")[1].split(" CTAs")[0])
+    assert ctas > 16 * shape[0], line  # more CTAs per row than the largest cluster (16)
+
+
+@pytest.mark.parametrize("shape,dtype,prefetched", [
+    ((2048, 4096), torch.float16, True),
+    ((4096, 4096), torch.bfloat16, True),
+    ((2048, 4096), torch.float32, False),     # fp32: neutral to worse when measured
+    ((32768, 2048), torch.float16, False),    # 8 waves of rows: later waves already overlap
+])
+def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
+    line = plan_line(shape, dtype)
+    assert "kernel block_onepass" in line, line
+    assert ("next row prefetched" in line) == prefetched, line
+
+
+@pytest.mark.parametrize("shape,dtype,kernel", [
+    ((128, 2048), torch.float16, "block_onepass"),  # 8 packs per lane in a warp: spread over a CTA
+    ((128, 1024), torch.float16, "warp"),           # 4 packs per lane: the warp kernel was faster
+    ((128, 1024), torch.float32, "warp"),
+    ((2048, 2048), torch.float16, "warp"),          # many rows: warps hide each other's latency
+])
+def test_few_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel):
+    line = plan_line(shape, dtype)
+    assert f"kernel {kernel}:" in line, line
+    if kernel == "block_onepass":
+        assert "1 pack(s) per thread" in line, line
+
+
+def test_forced_grid_onepass_names_its_limit():
+    with softmax_ops.force_kernel("softmax", "grid_onepass"):
+        text = softmax_ops.explain((300, 4000), torch.float32)
+    assert "cannot run" in text and "resident CTAs per row" in text, text
