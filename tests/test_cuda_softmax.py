@@ -250,19 +250,24 @@ SPECIAL_N = {
 
 
 def special_rows(n: int, dtype: torch.dtype) -> torch.Tensor:
-    """Rows with NaN, +inf, all -inf, some -inf, a single finite value, and huge magnitudes, with the
-    special entries near the end of the row (the last chunk of split kernels)."""
+    """Rows with NaN, +inf, all -inf, some -inf, a single finite value (not a power of two: exp(x - max)
+    must be exactly 1 whatever x), huge magnitudes, the dtype's largest finite value (bfloat16 and float32
+    reach 3.4e38, where max * log2(e) overflows), and a row of the most negative finite value (uniform),
+    with the special entries near the end of the row (the last chunk of split kernels)."""
     inf, nan = float("inf"), float("nan")
-    rows = make_input((7, n), torch.float64, seed=7)
+    largest = torch.finfo(dtype).max
+    rows = make_input((9, n), torch.float64, seed=7)
     rows[0, -1] = nan
     rows[1, n // 2] = inf
     rows[2, :] = -inf
     rows[3, ::3] = -inf
     rows[4, :] = -inf
-    rows[4, -1] = 1.0
+    rows[4, -1] = 3.7
     rows[5, -1] = 60000.0
     rows[5, 0] = -60000.0
     rows[6, :] = 0.0
+    rows[7, -1] = largest
+    rows[8, :] = -largest
     return rows.to(dtype)
 
 

@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <type_traits>
 
 #include "softmax_ops/device_utils.cuh"
 
@@ -111,46 +110,11 @@ struct ForwardOp {
   using Acc = MaxSum<C>;
   struct Row {
     C max;
-    C neg_scaled_max;  // -(max * log2 e) rounded once (kShiftedExp)
     C inv_sum;
     C log_sum;
   };
 
   bool log;
-
-  // 16-bit outputs take exp(x - m) as ex2(fma(x, log2 e, -m log2 e)): one FFMA instead of FADD + FMUL per
-  // element, in the sums and in the output. m log2 e is rounded once (__fmul_rn: never contracted) and the
-  // same rounded value shifts every term, every rescale factor and the output, so the shift's rounding
-  // cancels in the normalisation (each term keeps one rounding of its argument, as before); log_softmax
-  // takes the shift out of log(sum) exactly (finalize). Not for float outputs: the row maximum's own term
-  // is then 2^(rounding residual) instead of exactly 1, so a one-element row would give 1 - 1 ulp.
-  static constexpr bool kShiftedExp = std::is_same_v<C, float> && sizeof(Out) == 2;
-
-  static __device__ __forceinline__ C neg_scaled(C m) {
-    if constexpr (kShiftedExp) {
-      return -__fmul_rn(m, kLog2e);
-    } else {
-      return m;  // unused
-    }
-  }
-  // exp(x - m), neg_scaled_m = neg_scaled(m).
-  static __device__ __forceinline__ C term(C x, C m, C neg_scaled_m) {
-    if constexpr (kShiftedExp) {
-      return ex2_approx(fmaf(x, kLog2e, neg_scaled_m));
-    } else {
-      return Exp::exp_from(x, m);
-    }
-  }
-  // The factor that moves a sum of terms relative to old_max to terms relative to new_max. kShiftedExp:
-  // 2^(shift_old - shift_new) from the rounded shifts themselves (term(old_max, ...) would leave the old
-  // shift's rounding, up to 2^0.004 for |x| ~ 6e4, in the sum: caught by the huge-magnitude tests).
-  static __device__ __forceinline__ C rescale(C old_max, C new_max, C neg_scaled_new) {
-    if constexpr (kShiftedExp) {
-      return ex2_approx(neg_scaled_new - neg_scaled(old_max));
-    } else {
-      return Exp::exp_from(old_max, new_max);
-    }
-  }
 
   static __device__ __forceinline__ C pad(int) { return negative_infinity<C>(); }
   static __device__ __forceinline__ Acc identity() { return {negative_infinity<C>(), C(0)}; }
@@ -174,20 +138,17 @@ struct ForwardOp {
     // The chunk is summed on its own first: a long row then adds one chunk sum at a time to the running
     // sum, not thousands of terms far below its ulp (which would be lost, biasing the sum low).
     C sums[Chains] = {};
-    const C neg_scaled_m = neg_scaled(m);
-    visit([&](const C* v, int j) { sums[j % Chains] += term(v[0], m, neg_scaled_m); });
+    visit([&](const C* v, int j) { sums[j % Chains] += Exp::exp_from(v[0], m); });
     const C chunk_sum = reduce_ilp(sums, [](C a, C b) { return a + b; });
-    // The factor is exactly 1 when the max did not move; an empty running state contributes 0.
-    const C factor = acc.sum == C(0) ? C(0) : rescale(acc.max, m, neg_scaled_m);
-    return {m, acc.sum * factor + chunk_sum};
+    // exp(-inf) = 0 covers the empty running state; the factor is exactly 1 when the max did not move.
+    return {m, acc.sum * Exp::exp_from(acc.max, m) + chunk_sum};
   }
 
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) {
     const C m = nan_max(a.max, b.max);
-    const C neg_scaled_m = neg_scaled(m);
     // An empty side (sum 0, max -inf) contributes 0 even when the other max is -inf too (no inf - inf).
-    const C sa = a.sum == C(0) ? C(0) : a.sum * rescale(a.max, m, neg_scaled_m);
-    const C sb = b.sum == C(0) ? C(0) : b.sum * rescale(b.max, m, neg_scaled_m);
+    const C sa = a.sum == C(0) ? C(0) : a.sum * Exp::exp_from(a.max, m);
+    const C sb = b.sum == C(0) ? C(0) : b.sum * Exp::exp_from(b.max, m);
     return {m, sa + sb};
   }
 
@@ -196,20 +157,14 @@ struct ForwardOp {
   __device__ __forceinline__ Row finalize(Acc acc) const {
     Row row;
     row.max = acc.max;
-    row.neg_scaled_max = neg_scaled(acc.max);
     row.inv_sum = Exp::reciprocal(acc.sum);
     row.log_sum = log ? Exp::log_sum(acc.sum) : C(0);
-    if constexpr (kShiftedExp) {
-      // The sum is of exp(x - s) with s = -neg_scaled_max / log2 e; log(sum of exp(x - max)) is
-      // log(sum) - (max - s) = log(sum) - ln 2 * fma(max, log2 e, neg_scaled_max) (the FFMA is exact).
-      if (log) row.log_sum -= fmaf(acc.max, kLog2e, row.neg_scaled_max) * 0.6931471805599453f;
-    }
     return row;
   }
 
   __device__ __forceinline__ Out apply(const Row& row, const C* v) const {
     // Same association as torch's epilogues: exp(x - max) * (1 / sum) and (x - max) - log(sum).
-    const C y = log ? (v[0] - row.max) - row.log_sum : term(v[0], row.max, row.neg_scaled_max) * row.inv_sum;
+    const C y = log ? (v[0] - row.max) - row.log_sum : Exp::exp_from(v[0], row.max) * row.inv_sum;
     return convert<Out>(y);
   }
 };
