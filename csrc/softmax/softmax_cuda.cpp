@@ -33,7 +33,10 @@ const char* family_of(bool backward) { return backward ? "softmax_backward" : "s
 // over, and the choice builds its explanation text and may query the occupancy API (microseconds of host
 // time per call otherwise). Bounded: a workload with ever-new shapes (dynamic sequence lengths) starts
 // over every kMaxEntries choices. Returns the plan, or sets *error when the (forced) kernel cannot run it.
-SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* error) {
+// With `replacement`, stores that choice for the request instead (a plan that launched where the cached
+// one was refused).
+SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* error,
+                        const SoftmaxChoice* replacement = nullptr) {
   using Key = std::tuple<int, bool, bool, int, int, int64_t, int64_t, int64_t, bool, std::string>;
   constexpr size_t kMaxEntries = 4096;
   static std::mutex mutex;
@@ -42,6 +45,10 @@ SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* 
   const Key key{device, p.backward, p.log, static_cast<int>(p.in_dtype), static_cast<int>(p.out_dtype),
                 p.outer, p.n, p.inner, request.vector_aligned, request.forced};
   std::lock_guard<std::mutex> lock(mutex);
+  if (replacement != nullptr) {
+    choices[key] = *replacement;
+    return replacement->plan;
+  }
   auto it = choices.find(key);
   if (it == choices.end()) {
     if (choices.size() >= kMaxEntries) choices.clear();
@@ -76,13 +83,19 @@ void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, co
   cudaError_t err = launch(problem, plan, ptrs, options, stream);
   if (err == cudaErrorCooperativeLaunchTooLarge && plan.kernel == SoftmaxKernel::kGridOnePass && request.forced.empty()) {
     // Fewer SMs usable than the device reports (MPS limits, another context): the grid group cannot be
-    // resident at once. A cluster per row, or else the split-row kernel, needs no co-residency.
-    (void)cudaGetLastError();
+    // resident at once. A cluster per row, or else the split-row kernel, needs no co-residency; the first
+    // that launches replaces the cached plan, so later calls go straight to it.
     for (const char* fallback : {"cluster_onepass", "split_row"}) {
-      request.forced = fallback;
-      const SoftmaxChoice choice = choose_softmax_kernel(request, device_props(device));
-      if (choice.error.empty()) {
-        err = launch(problem, choice.plan, ptrs, options, stream);
+      (void)cudaGetLastError();  // the refused launch's error is not sticky
+      SoftmaxRequest retry = request;
+      retry.forced = fallback;
+      SoftmaxChoice choice = choose_softmax_kernel(retry, device_props(device));
+      if (!choice.error.empty()) continue;
+      err = launch(problem, choice.plan, ptrs, options, stream);
+      if (err == cudaSuccess) {
+        choice.reason = "the cooperative launch of grid_onepass was refused; fell back to " + std::string(fallback);
+        std::string ignored;
+        cached_plan(request, device, &ignored, &choice);
         break;
       }
     }
