@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from _tune_common import check_then_time, write_json
 
 # softmax_ops and torch are imported inside main(): importing softmax_ops JIT-builds the extension, and
 # --help must not.
@@ -131,23 +131,9 @@ def plan_of(explain_text: str) -> tuple[str | None, str | None]:
 
 def _measure(fn, check, timer, copy_ms: float | None, kernel: str, plan: str | None) -> Timing:
     """Checks fn's result, then times it; failures become a note rather than an exception."""
-    timing = Timing(kernel, plan=plan)
-    try:
-        result = check(fn())
-    except Exception as error:  # noqa: BLE001  (one kernel failing must not end the sweep)
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        if any(phrase in str(error) for phrase in CANNOT):
-            timing.note = "n/a: " + message[:200]
-        else:
-            timing.note = f"error: {type(error).__name__}: {message[:200]}"
-        return timing
-    timing.error, timing.bound = result.error, result.bound
-    if not result.ok:
-        timing.note = f"WRONG: {result.describe()}"
-        return timing
-    timing.ms = timer(fn)
-    timing.xcopy = copy_ms / timing.ms if copy_ms and timing.ms else None
-    return timing
+    checked = check_then_time(fn, check, timer, CANNOT, with_reason=True, limit=200)
+    xcopy = copy_ms / checked.ms if copy_ms and checked.ms else None
+    return Timing(kernel, checked.ms, xcopy, checked.error, checked.bound, plan, checked.note)
 
 
 def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eager: bool) -> CaseRow:
@@ -260,10 +246,7 @@ def kernel_columns(kernels: dict[str, list[str]]) -> list[str]:
 
 
 def _write_json(path: str, header: dict, rows: list[CaseRow], not_run: list[str]) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as handle:
-        json.dump({**header, "rows": [asdict(row) for row in rows], "not_run": not_run}, handle, indent=1)
-        handle.write("\n")
+    write_json(path, {**header, "not_run": not_run}, rows)
 
 
 def _dry_run(cases, kernels: dict[str, list[str]]) -> int:

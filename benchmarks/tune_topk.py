@@ -18,11 +18,11 @@ marks a forced kernel more than 5% faster than the automatic choice.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from _tune_common import check_then_time, write_json
 
 # softmax_ops is imported inside main(): importing it JIT-builds the extension, and --help must not.
 
@@ -77,20 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _measure(fn, check, timer, sum_ms: float | None, kernel: str) -> Timing:
     """Checks fn's result, then times it; failures become a note rather than an exception."""
-    timing = Timing(kernel)
-    try:
-        result = check(fn())
-    except Exception as error:  # noqa: BLE001  (one kernel failing must not end the sweep)
-        message = str(error).splitlines()[0] if str(error) else type(error).__name__
-        timing.note = "n/a" if "cannot handle" in message else f"error: {type(error).__name__}: {message[:160]}"
-        return timing
-    timing.error, timing.bound = result.error, result.bound
-    if not result.ok:
-        timing.note = f"WRONG: {result.describe()}"
-        return timing
-    timing.ms = timer(fn)
-    timing.xsum = sum_ms / timing.ms if sum_ms and timing.ms else None
-    return timing
+    checked = check_then_time(fn, check, timer, ("cannot handle",), with_reason=False, limit=160)
+    xsum = sum_ms / checked.ms if sum_ms and checked.ms else None
+    return Timing(kernel, checked.ms, xsum, checked.error, checked.bound, checked.note)
 
 
 def run_case(case, kernels: list[str], timer, device) -> CaseRow:
@@ -167,11 +156,7 @@ def _summary(rows: list[CaseRow]) -> list[str]:
 
 
 def _write_json(path: str, header: dict, rows: list[CaseRow]) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    with open(path, "w") as handle:
-        json.dump({**header, "rows": [asdict(row) for row in rows]}, handle, indent=1)
-        handle.write("\n")
+    write_json(path, header, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
