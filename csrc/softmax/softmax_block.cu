@@ -110,33 +110,21 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
   });
 }
 
-int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
-  int max_clusters = 0;
-  const cudaError_t err = with_block_kernel(problem, plan, SoftmaxPointers{}, [&](auto kernel, const auto&) {
-    cudaError_t e = prepare(kernel, plan);
-    if (e != cudaSuccess) return e;
-    cudaLaunchAttribute attribute{};
-    const cudaLaunchConfig_t config = group_launch_config(plan, nullptr, &attribute);
-    return cudaOccupancyMaxActiveClusters(&max_clusters, kernel, &config);
-  });
-  if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // a refused query is an answer ("no"), not an error for later calls to see
-    return 0;
-  }
-  return max_clusters;
-}
-
-int softmax_max_active_ctas_per_sm(const SoftmaxProblem& problem, const SoftmaxPlan& plan) {
-  int ctas = 0;
+int softmax_max_resident(const SoftmaxProblem& problem, const SoftmaxPlan& plan, int sm_count) {
+  int count = 0;
   const cudaError_t err = with_block_kernel(problem, plan, SoftmaxPointers{}, [&](auto kernel, const auto&) {
     const cudaError_t e = prepare(kernel, plan);
-    return e != cudaSuccess ? e : cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, plan.threads, plan.smem_bytes);
+    if (e != cudaSuccess) return e;
+    if (plan.cluster == 1) return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, kernel, plan.threads, plan.smem_bytes);
+    cudaLaunchAttribute attribute{};
+    const cudaLaunchConfig_t config = group_launch_config(plan, nullptr, &attribute);
+    return cudaOccupancyMaxActiveClusters(&count, kernel, &config);
   });
   if (err != cudaSuccess) {
-    (void)cudaGetLastError();  // as above: a refused query means "none"
+    (void)cudaGetLastError();  // a refused query is an answer ("none"), not an error for later calls to see
     return 0;
   }
-  return ctas;
+  return plan.cluster == 1 ? count * sm_count : count;
 }
 
 }  // namespace softmax_ops

@@ -414,7 +414,7 @@ class Chooser {
         const auto shape = cache_shape(chunk, g_, max_threads, budget, Heuristics::kSpreadThreads);
         if (!shape) continue;
         const SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
-        if (resident_clusters(plan) < g_.rows) continue;
+        if (resident(plan) < g_.rows) continue;
         return ok(plan, "a cluster of " + std::to_string(cluster) + " CTAs per row (the most that fit in one " +
                             "wave), each caching " + kib(chunk_bytes) + " on chip; partial (max, sum) merged " +
                             "through distributed shared memory in fixed order: one read, one write");
@@ -461,7 +461,7 @@ class Chooser {
         const auto shape = cache_shape(chunk, g_, max_threads, budget, max_threads);
         if (!shape) break;  // fewer CTAs only make the chunk larger
         const SoftmaxPlan plan = plan_grid_group(g_, *shape, ctas_per_row);
-        if (resident_ctas(plan) < plan.grid) continue;
+        if (resident(plan) < plan.grid) continue;
         return ok(plan, std::to_string(ctas_per_row) + " CTAs per row over every SM (one cooperative launch), each " +
                             "caching " + kib(chunk * g_.pack_bytes * g_.streams) + " on chip; partial results " +
                             "merged in fixed order after one grid barrier: one read, one write");
@@ -493,48 +493,29 @@ class Chooser {
 
   bool clusters_supported() const { return props_.cc_major >= 9; }
 
-  bool cluster_schedulable(const SoftmaxPlan& plan) const { return resident_clusters(plan) > 0; }
+  bool cluster_schedulable(const SoftmaxPlan& plan) const { return resident(plan) > 0; }
 
-  // CTAs of `plan` the device holds at once (occupancy API, cached per shape); without a device, two per
-  // SM when a CTA leaves room for a second, one otherwise.
-  int64_t resident_ctas(const SoftmaxPlan& plan) const {
-    if (props_.assumed) {
-      const bool shares_sm = plan.threads <= Heuristics::kSharedCtaMaxThreads &&
-                             static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
-      return props_.sm_count * (shares_sm ? 2 : 1);
-    }
-    using Key = std::tuple<int, int, int, bool, int, int, int, size_t>;
-    static std::mutex mutex;
-    static std::map<Key, int> known;
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
-    const Key key{device, static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
-                  plan.vec, plan.reg_packs, plan.threads, plan.smem_bytes};
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = known.find(key);
-    if (it == known.end()) it = known.emplace(key, softmax_max_active_ctas_per_sm(p_, plan)).first;
-    return static_cast<int64_t>(it->second) * props_.sm_count;
-  }
-
-  // Clusters of `plan` the device holds at once: the occupancy API's answer (non-portable sizes need a
-  // GPC with that many free SMs), cached per shape. Without a device (explain on a CPU machine), an
-  // estimate: two CTAs per SM when each leaves room for a second, one otherwise.
-  int64_t resident_clusters(const SoftmaxPlan& plan) const {
+  // Row groups of `plan` the device holds at once: clusters for a cluster plan, CTAs otherwise. The occupancy
+  // API's answer (non-portable cluster sizes need a GPC with that many free SMs), cached per configuration.
+  // Without a device (explain on a CPU machine), an estimate: two CTAs per SM when each leaves room for a
+  // second, one otherwise.
+  int64_t resident(const SoftmaxPlan& plan) const {
     if (props_.assumed) {
       const bool shares_sm = plan.threads <= Heuristics::kSharedCtaMaxThreads &&
                              static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
       return props_.sm_count * (shares_sm ? 2 : 1) / plan.cluster;
     }
-    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int>;
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool>;
     static std::mutex mutex;
     static std::map<Key, int> known;
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return 0;
-    const Key key{device, static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
-                  plan.vec, plan.reg_packs, plan.threads, plan.smem_bytes, plan.cluster};
+    const Key key{device,      static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
+                  plan.vec,    plan.reg_packs,                plan.threads,                   plan.smem_bytes,
+                  plan.cluster, plan.prefetch};
     std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
-    if (it == known.end()) it = known.emplace(key, softmax_max_active_clusters(p_, plan)).first;
+    if (it == known.end()) it = known.emplace(key, softmax_max_resident(p_, plan, props_.sm_count)).first;
     return it->second;
   }
 

@@ -92,11 +92,9 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
 cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
                                      const SoftmaxPointers& ptrs, cudaStream_t stream);
 
-// How many clusters of `plan` (kClusterOnePass) can be resident on the current device at once (0: none;
-// sizes above 8 CTAs are non-portable and need a whole GPC). Queries the occupancy API (no sync).
-int softmax_max_active_clusters(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
-
-// How many CTAs of `plan` (kBlockOnePass / kGridOnePass configuration) one SM holds at once (0: none).
-int softmax_max_active_ctas_per_sm(const SoftmaxProblem& problem, const SoftmaxPlan& plan);
+// How many of `plan`'s row groups the current device holds at once: clusters for a cluster plan (sizes above 8
+// CTAs are non-portable and need a whole GPC), CTAs for any other (per SM x sm_count); 0: none. Queries the
+// occupancy API (no sync).
+int softmax_max_resident(const SoftmaxProblem& problem, const SoftmaxPlan& plan, int sm_count);
 
 }  // namespace softmax_ops
