@@ -46,6 +46,20 @@ def main() -> None:
         values.sum().backward()
         softmax_ops.fused_topk(x, x.shape[-1], -1, True)
 
+    # grid_onepass streaming the rest of each chunk (rows longer than its CTAs cache; a 16-byte and a
+    # single-element path), once each: too large to run every kernel on.
+    streamed = 0
+    for n in (8_000_000, 8_000_001):
+        for dtype in (torch.float32, torch.float16):
+            x = (torch.randn((3, n + 1), device="cuda") * 3).to(dtype)[:, 1:]
+            with softmax_ops.force_kernel("softmax", "grid_onepass"), \
+                    softmax_ops.force_kernel("softmax_backward", "grid_onepass"):
+                assert "streamed" in softmax_ops.explain((3, n), dtype, op="softmax")
+                softmax_fwd_bwd(x.contiguous())
+                torch.cuda.synchronize()
+                streamed += 1
+    print(f"grid_onepass streaming chunks: {streamed} runs")
+
     for family, call in [("softmax", softmax_fwd_bwd), ("softmax_backward", softmax_fwd_bwd),
                          ("topk", topk_fwd_bwd), ("topk_backward", topk_fwd_bwd)]:
         ran, skipped = run_family(family, call)

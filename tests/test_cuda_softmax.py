@@ -114,9 +114,16 @@ def kernel_handles(kernel: str, n: int, dtype: torch.dtype, backward: bool = Fal
             -(-packs // 16) <= block_capacity_packs(dtype, vec, backward) // 2
         )  # comfortably inside 16 CTAs
     if kernel == "grid_onepass":
-        # at least 2 CTAs per row; 3 rows (rows_for) get a third of the SMs each: comfortably inside that
-        return packs >= 2 and -(-packs // (sm_count() // 3)) <= block_capacity_packs(dtype, vec, backward) // 2
+        # at least 2 CTAs per row; beyond what its CTAs cache, the rest of each chunk is streamed (any n)
+        return packs >= 2
     return True
+
+
+def grid_stream_threshold_packs(dtype: torch.dtype, vec: int, backward: bool, rows: int = 3) -> int:
+    """Row packs from which grid_onepass streams part of each chunk: its last fully cached plan has one
+    1024-thread CTA per SM, SMs // rows CTAs per row, each holding block_capacity_packs (mirror of grid_group
+    in softmax_dispatch.cpp)."""
+    return (sm_count() // rows) * block_capacity_packs(dtype, vec, backward)
 
 
 def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> list[int]:
@@ -143,6 +150,9 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
         per_row = 2 * sm_count() // 3 * GRID_CTA_THREADS * v
         sizes |= {2 * v, 2 * v + 1, 3 * v, per_row, per_row + v, 2 * per_row + v, 100003, 262144, 300007, 1 << 20}
         sizes |= {max_block_reg_packs(dtype, backward) * per_row + v, 3 * (1 << 20) + v}
+        # the largest fully cached row of 3, then the first streamed ones (16-byte packs; odd: single elements)
+        streamed = grid_stream_threshold_packs(dtype, v, backward) * v
+        sizes |= {streamed, streamed + v, grid_stream_threshold_packs(dtype, 1, backward) + 1}
     elif kernel == "two_pass":
         sizes |= {2048 * v - v, 2048 * v, 2048 * v + v, 100003, 1 << 20}
     elif kernel == "split_row":
@@ -454,7 +464,8 @@ def test_forced_kernel_refuses_rows_beyond_its_capacity(kernel, dtype):
         ((4096, 4096), torch.float16, "softmax", "block_onepass"),
         ((2048, 8192), torch.float32, "log_softmax", "block_onepass"),
         ((4, 262144), torch.float16, "softmax", "grid_onepass"),
-        ((4, 33554432), torch.float32, "softmax", "split_row"),
+        ((4, 33554432), torch.float32, "softmax", "grid_onepass"),
+        ((200, 1 << 22), torch.float32, "softmax", "split_row"),
         ((32, 16, 4096), torch.float32, "softmax", "strided"),
         ((2048, 4096), torch.bfloat16, "softmax_backward", "block_onepass"),
     ],
@@ -515,6 +526,7 @@ DETERMINISM_CASES = [
     ("cluster_onepass", (3, 100003)),
     ("grid_onepass", (3, 100003)),
     ("grid_onepass", (4, 1 << 20)),
+    ("grid_onepass", (3, 5_000_000)),  # streams the rest of each chunk
     ("two_pass", (8, 200000)),
     ("split_row", (3, 1 << 21)),
     ("strided", (64, 512, 33)),
@@ -543,6 +555,7 @@ def test_bitwise_deterministic(kernel, shape):
         ("split_row", (3, 300000)),
         ("cluster_onepass", (4, 262144)),
         ("grid_onepass", (4, 262144)),
+        ("grid_onepass", (2, 1 << 24)),  # streams the rest of each chunk
         ("strided", (8, 100, 33)),
     ],
 )

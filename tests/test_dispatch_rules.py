@@ -66,3 +66,36 @@ def test_forced_grid_onepass_names_its_limit():
     with softmax_ops.force_kernel("softmax", "grid_onepass"):
         text = softmax_ops.explain((300, 4000), torch.float32)
     assert "cannot run" in text and "resident CTAs per row" in text, text
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape,dtype", [((4, 8388608), torch.float16), ((4, 8388608), torch.float32),
+                                         ((4, 33554432), torch.bfloat16), ((2, (1 << 30) + 8), torch.float16)])
+def test_few_huge_rows_take_one_cooperative_launch_that_streams_what_it_cannot_cache(shape, dtype, op):
+    """Rows larger than every CTA slot's cache together: grid_onepass caches what fits and re-reads the
+    rest of each chunk (one launch), rather than split_row's two launches that re-read everything."""
+    line = plan_line(shape, dtype, op)
+    assert "kernel grid_onepass" in line and "(cooperative)" in line, line
+    assert "the rest of each chunk streamed and re-read" in line, line
+
+
+@pytest.mark.parametrize("backward", [False, True])
+@pytest.mark.parametrize("dtype,vec", [(torch.float32, 4), (torch.float16, 8), (torch.float32, 1)])
+def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backward):
+    """3 rows: the last fully cached plan is one 1024-thread CTA per SM, 44 per row, each with its register
+    packs plus all of its shared memory; one pack more per row and the plan streams (the boundary the
+    kernel tests in test_cuda_softmax.py exercise)."""
+    streams = 2 if backward else 1
+    elem = torch.empty((), dtype=dtype).element_size()
+    reg_packs = {(False, 4): 8, (False, 2): 8, (True, 4): 4, (True, 2): 2}[(backward, elem)]
+    smem_packs = (227 * 1024 - 2048) // (1024 * vec * elem * streams)
+    last_cached = (SM_COUNT // 3) * 1024 * (reg_packs + smem_packs) * vec
+    family = "softmax_backward" if backward else "softmax"
+    op = "softmax_backward" if backward else "softmax"
+    odd = 1 if vec == 1 else 0  # an odd row length takes single-element packs
+    with softmax_ops.force_kernel(family, "grid_onepass"):
+        cached = softmax_ops.explain((3, last_cached + odd), dtype, op=op) if not odd else None
+        streamed = softmax_ops.explain((3, last_cached + max(vec, 1) + odd), dtype, op=op)
+    if cached is not None:
+        assert "kernel grid_onepass" in cached and "streamed" not in cached, cached
+    assert "kernel grid_onepass" in streamed and "the rest of each chunk streamed" in streamed, streamed

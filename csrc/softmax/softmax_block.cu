@@ -25,7 +25,17 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // Fewer packs than the maximum: few-rows clusters spread over threads (cache_shape), vector path only.
         // The prefetching variant: forward, many rows (always the maximum packs), vector path.
         constexpr bool kCanPrefetch = Op::kStreams == 1 && kRegPacks == kMaxRegPacks<Op> && kVec > 1;
+        // The streaming grid instance: one register bucket per (op, vector width).
+        constexpr bool kCanStream =
+            kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
+          if (plan.stream_rest) {
+            if constexpr (kCanStream) {
+              return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, true>, args);
+            } else {
+              return cudaErrorInvalidValue;  // never planned: see grid_group
+            }
+          }
           if (plan.prefetch) {
             if constexpr (kCanPrefetch) {
               return fn(softmax_block_kernel<Op, kVec, kRegPacks, true>, args);

@@ -17,6 +17,12 @@
 //   then merges the C results in the same fixed order (lane i folds results i, i + 32, ..., then a
 //   butterfly), so it too gets bitwise the same row result.
 //
+//   kStreamRest (grid groups whose chunk exceeds what a CTA can cache; few rows of millions of elements):
+//   the cache holds the first threads x (PREG + smem_packs) packs of the chunk, the rest is folded straight
+//   from global memory after the cache's loads are issued, and re-read (last part first, where L2 still
+//   has it, see write_packs) before the cached part is written. The same CTA reads its chunk both times,
+//   so the re-read comes from the L2 partition next to its SM, and one launch replaces split_row's two.
+//
 // Shared buffers alternate by row parity, which lets one barrier per step protect them (see
 // block_all_reduce). A CTA must not exit while a peer may still read its shared memory: the kernel ends
 // with a cluster barrier.
@@ -24,7 +30,7 @@
 
 #include <cooperative_groups.h>
 
-#include "softmax_kernel_common.cuh"
+#include "softmax_streaming_kernels.cuh"
 
 namespace softmax_ops::detail {
 
@@ -93,7 +99,7 @@ struct BlockOptions {
 // thread's own PREG slots per stream); the next iteration reads it from there instead of from DRAM. A
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
-template <typename Op, int VEC, int PREG, bool kPrefetch = false>
+template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false>
 __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
@@ -124,7 +130,10 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   const int64_t begin = min(n_packs, static_cast<int64_t>(cluster.rank) * chunk);
   const int64_t end = min(n_packs, begin + chunk);
   const int64_t clusters_in_grid = gridDim.x / cluster.size;
-  if (end - begin > static_cast<int64_t>(threads) * (PREG + smem_packs)) __trap();  // dispatcher bug guard
+  // Packs [begin, cached_end) of the chunk are cached on chip; kStreamRest streams [cached_end, end).
+  const int64_t cached_end = min(end, begin + static_cast<int64_t>(threads) * (PREG + smem_packs));
+  if (!kStreamRest && cached_end < end) __trap();  // dispatcher bug guard
+  static_assert(!(kPrefetch && kStreamRest), "a prefetching CTA caches whole rows");
   // Every CTA of a grid group must pass the grid barrier exactly once: one row per group.
   if (in_grid_group && clusters_in_grid != args.rows) __trap();
   auto spill_slot = [&](int s, int p) -> PackIn& { return spill[(static_cast<int64_t>(s) * smem_packs + p) * threads + tid]; };
@@ -139,7 +148,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
       const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        if (k < end) {
+        if (k < cached_end) {
           copy_async_16(&staged_pack(s, p), args.in[s] + row * args.n + k * VEC);
         } else {
           staged_pack(s, p) = filled_pack<In, VEC>(Op::pad(s));
@@ -159,7 +168,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
       const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        if (k >= end) {
+        if (k >= cached_end) {
           spill_slot(s, p) = filled_pack<In, VEC>(Op::pad(s));
         } else if constexpr (kAsyncFill) {
           copy_async_16(&spill_slot(s, p), args.in[s] + row_offset + k * VEC);
@@ -168,6 +177,17 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
         }
       }
     }
+    // The rest of an over-long chunk, folded while the shared-memory packs above are in flight and before
+    // the register packs load (their registers are not live yet).
+    const In* row_in[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) row_in[s] = args.in[s] + row_offset;
+    Acc streamed = Op::identity();
+    // kStreamUnroll, not the folding kernels' 2x: the 64-register budget of this kernel spilled with 2x.
+    if constexpr (kStreamRest) {
+      streamed = fold_packs<Op, VEC, kStreamUnroll<Op, VEC>>(op, row_in, cached_end, end, tid, threads);
+    }
+
     PackIn cache[S][PREG];
     if (kPrefetch && row_prefetched) {
       wait_async_copies();  // only this thread's prefetch of this row is outstanding
@@ -182,7 +202,8 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
         const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-          cache[s][p] = k < end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+          cache[s][p] = k < cached_end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC)
+                                       : filled_pack<In, VEC>(Op::pad(s));
         }
       }
     }
@@ -227,6 +248,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
     // and on H200 fp16 rows of 4096-8192 ran 5-8% slower than with one chain.
     constexpr int kChains = (std::is_same_v<In, __half> && PREG == 8) ? 1 : kIlp;
     Acc acc = op.template accumulate<kChains>(Op::identity(), visit);
+    if constexpr (kStreamRest) acc = Op::merge(acc, streamed);
     acc = block_all_reduce<Op>(acc, partials, parity);
 
     if (in_grid_group) {
@@ -265,14 +287,16 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
       }
       store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
     };
+    // The streamed rest first: what is left of it in L2 is evicted by every line the writes allocate.
+    if constexpr (kStreamRest) write_packs<Op, VEC>(op, row_consts, row_in, args.out + row_offset, cached_end, end, tid, threads);
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
-      if (k < end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
+      if (k < cached_end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
     }
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
-      if (k < end) {
+      if (k < cached_end) {
         const auto staged = staged_slot(p);
         write_pack(k, [&](int s) -> const PackIn& { return staged.stream[s]; });
       }

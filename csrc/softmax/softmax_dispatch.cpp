@@ -386,6 +386,7 @@ class Chooser {
       if (!choice) choice = widest_cluster();
       if (!choice) choice = try_clusters(2, /*exclusive=*/false);
       if (!choice) choice = try_clusters(2, /*exclusive=*/true);
+      if (!choice) choice = grid_group_streamed();
       if (choice) {
         choice->reason = why_few + ": " + choice->reason;
         return *choice;
@@ -470,6 +471,30 @@ class Chooser {
     return std::nullopt;
   }
 
+  // Few rows too long for every CTA slot of the device to cache its chunk (millions of elements): the grid
+  // group of grid_group with CTAs that cache what fits (kGridCtaThreads threads, a few register packs, all
+  // of their shared-memory share) and fold the rest of their chunk straight from global memory, then re-read
+  // it. One launch instead of split_row's two, a third to a half of the row never re-read, and each chunk
+  // re-read by the CTA that read it first (the L2 partition next to its SM).
+  std::optional<SoftmaxChoice> grid_group_streamed() {
+    if (!clusters_supported()) return std::nullopt;
+    const int64_t ctas_per_row = std::min<int64_t>(2 * props_.sm_count / g_.rows, g_.n_packs);
+    if (ctas_per_row < 2) return std::nullopt;
+    const int threads = Heuristics::kGridCtaThreads;
+    const int64_t slot_bytes = static_cast<int64_t>(threads) * g_.pack_bytes * g_.streams;
+    const int64_t smem_packs = shared_smem_budget(props_) / slot_bytes;
+    const CacheShape shape{threads, grid_stream_reg_packs(p_.in_dtype, p_.backward, g_.vec > 1),
+                           static_cast<int>(smem_packs), static_cast<size_t>(smem_packs * slot_bytes)};
+    SoftmaxPlan plan = plan_grid_group(g_, shape, ctas_per_row);
+    plan.stream_rest = true;
+    if (resident(plan) < plan.grid) return std::nullopt;
+    const int64_t cached = static_cast<int64_t>(threads) * (shape.reg_packs + shape.smem_packs);
+    return ok(plan, std::to_string(ctas_per_row) + " CTAs per row over every SM (one cooperative launch), each " +
+                        "caching " + kib(cached * g_.pack_bytes * g_.streams) + " of its " +
+                        kib(ceil_div(g_.n_packs, ctas_per_row) * g_.pack_bytes * g_.streams) + " chunk on chip " +
+                        "and re-reading the rest; partial results merged in fixed order after one grid barrier");
+  }
+
   // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
   // per-CTA chunk fits (shared or exclusive budget) and which the device can schedule.
   std::optional<SoftmaxChoice> try_clusters(int first, bool exclusive) {
@@ -505,14 +530,14 @@ class Chooser {
                              static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
       return props_.sm_count * (shares_sm ? 2 : 1) / plan.cluster;
     }
-    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool>;
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool, bool>;
     static std::mutex mutex;
     static std::map<Key, int> known;
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return 0;
     const Key key{device,      static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
                   plan.vec,    plan.reg_packs,                plan.threads,                   plan.smem_bytes,
-                  plan.cluster, plan.prefetch};
+                  plan.cluster, plan.prefetch, plan.stream_rest};
     std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
     if (it == known.end()) it = known.emplace(key, softmax_max_resident(p_, plan, props_.sm_count)).first;
@@ -575,9 +600,9 @@ class Chooser {
     }
     if (name == "grid_onepass") {
       if (auto choice = grid_group(/*forced=*/true)) return *choice;
-      return fail(prefix + "it needs compute capability 9.0 and at least 2 resident CTAs per row, each caching its " +
-                  "chunk of the row (" + kib(g_.row_bytes) + ") on chip; " + std::to_string(props_.sm_count) +
-                  " SMs hold too few for " + std::to_string(g_.rows) + " rows");
+      if (auto choice = grid_group_streamed()) return *choice;
+      return fail(prefix + "it needs compute capability 9.0 and at least 2 resident CTAs per row; " +
+                  std::to_string(props_.sm_count) + " SMs hold too few for " + std::to_string(g_.rows) + " rows");
     }
     if (name == "two_pass") return ok(plan_two_pass(g_, props_), "forced");
     if (name == "split_row") return ok(plan_split_row(g_, props_, true), "forced");
@@ -660,6 +685,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       s += ", " + to_string(plan.reg_packs) + " pack(s) per thread in registers + " + to_string(plan.smem_packs) +
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       if (plan.prefetch) s += ", next row prefetched into shared memory";
+      if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +

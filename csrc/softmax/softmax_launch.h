@@ -16,7 +16,8 @@ enum class SoftmaxKernel : int {
   kWarp = 0,         // 1-32 lanes per row, row in registers, several rows per warp
   kBlockOnePass,     // one CTA per row, row cached in registers (+ dynamic shared memory), one read
   kClusterOnePass,   // a thread-block cluster per row, chunks cached on chip, partials merged via DSMEM
-  kGridOnePass,      // few rows: a cooperative launch, many CTAs per row, chunks cached on chip, partials
+  kGridOnePass,      // few rows: a cooperative launch, many CTAs per row, chunks cached on chip (as much as
+                     // fits; stream_rest: the rest is read twice), partials
                      // merged through a global workspace after one grid barrier
   kTwoPass,          // one CTA per row, any n: online (max, sum) pass, then re-read (L2) and write
   kSplitRow,         // two launches, any n: per-chunk partials to a workspace, then merge + normalise
@@ -53,6 +54,7 @@ struct SoftmaxPlan {
   size_t smem_bytes = 0;    // dynamic shared memory per CTA
   size_t workspace_bytes = 0;  // split_row, grid_onepass: the per-chunk partials, allocated by the caller
   bool prefetch = false;    // block: each CTA's next row streams into shared memory (smem_bytes) meanwhile
+  bool stream_rest = false; // grid_onepass: a chunk exceeds the cache; its rest is read twice from global memory
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
@@ -75,6 +77,15 @@ constexpr int max_block_reg_packs(DType in_dtype, bool backward) {
   const bool narrow = in_dtype == DType::kFloat16 || in_dtype == DType::kBFloat16;
   if (backward) return narrow ? 2 : 4;
   return 8;
+}
+
+// Register packs per thread of the grid kernel's streaming instance (chunks larger than the cache): its
+// folding loop keeps kStreamUnroll packs in flight next to the cache, under the same 64-register budget.
+// nvcc 13.0, sm_90 (-Xptxas -v): 2 packs spill nothing (fp32 forward) to 20 bytes (fp16); 8 spilled 100-280
+// bytes. Single elements keep the only bucket they have.
+constexpr int grid_stream_reg_packs(DType in_dtype, bool backward, bool vector) {
+  const int most = max_block_reg_packs(in_dtype, backward);
+  return vector && most > 2 ? 2 : most;
 }
 
 struct SoftmaxPointers {

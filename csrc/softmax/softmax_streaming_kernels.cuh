@@ -24,14 +24,14 @@ constexpr int kStreamUnroll = (VEC > 1 ? 4 : 8) / Op::kStreams;
 template <typename Op, int VEC>
 constexpr int kFoldUnroll = 2 * kStreamUnroll<Op, VEC>;
 
-// Folds packs [begin, end) of one row; this thread takes packs begin + tid, begin + tid + threads, ...
-template <typename Op, int VEC>
+// Folds packs [begin, end) of one row; this thread takes packs begin + tid, begin + tid + threads, ...,
+// U packs per stream at a time.
+template <typename Op, int VEC, int U = kFoldUnroll<Op, VEC>>
 __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typename Op::In* const* in, int64_t begin,
                                                      int64_t end, int tid, int threads) {
   using In = typename Op::In;
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
-  constexpr int U = kFoldUnroll<Op, VEC>;
   // Steps are folded into a segment accumulator that is merged into the total every kSegmentSteps: the
   // running sum of a thread that walks millions of elements stays short (accuracy, see accumulate).
   constexpr int kSegmentSteps = 32;
