@@ -48,19 +48,12 @@ struct ExpMath<float> {
   static __device__ __forceinline__ float reciprocal(float d) { return __frcp_rn(d); }
   // exp(y) for any y (log_softmax_backward's exp(output)), with range reduction: 2^j * 2^r, r in
   // [-0.5, 0.5] computed from a two-part log2(e), so even for y = -80 only MUFU.EX2's ~2 ulp remain.
-  // When 2^j * 2^r is a normal float (j in [-125, 127]: every log-probability above -86.6), 2^j is added
-  // to the exponent bits directly (exact, as ldexpf, whose range checks cost ~8 instructions per element).
   static __device__ __forceinline__ float exp(float y) {
-    const float j = rintf(y * kLog2e);
-    if (j >= -125.0f && j <= 127.0f) {  // false for NaN and infinities
-      const float r = fmaf(y, kLog2eLow, fmaf(y, kLog2e, -j));
-      return __int_as_float(__float_as_int(ex2_approx(r)) + (static_cast<int>(j) << 23));
-    }
     if (!(y > -104.0f)) return y != y ? y : 0.0f;  // exp(-104) rounds to 0; -inf gives 0; NaN stays NaN
     y = fminf(y, 128.0f);                            // exp(89) is already inf
-    const float jc = rintf(y * kLog2e);
-    const float r = fmaf(y, kLog2eLow, fmaf(y, kLog2e, -jc));
-    return ldexpf(ex2_approx(r), static_cast<int>(jc));  // subnormal results and overflow to inf
+    const float j = rintf(y * kLog2e);
+    const float r = fmaf(y, kLog2eLow, fmaf(y, kLog2e, -j));
+    return ldexpf(ex2_approx(r), static_cast<int>(j));
   }
 };
 
