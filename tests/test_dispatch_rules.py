@@ -68,15 +68,25 @@ def test_forced_grid_onepass_names_its_limit():
     assert "cannot run" in text and "resident CTAs per row" in text, text
 
 
-@pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward", "log_softmax_backward"])
-@pytest.mark.parametrize("shape,dtype", [((4, 8388608), torch.float16), ((4, 8388608), torch.float32),
-                                         ((4, 33554432), torch.bfloat16), ((2, (1 << 30) + 8), torch.float16)])
-def test_few_huge_rows_take_one_cooperative_launch_that_streams_what_it_cannot_cache(shape, dtype, op):
+@pytest.mark.parametrize("shape,dtype,op,streamed", [
+    ((4, 8388608), torch.float16, "softmax", True),            # chunk 1.9x what a CTA caches
+    ((4, 8388608), torch.float32, "log_softmax", True),        # 3.9x
+    ((4, 8388608), torch.bfloat16, "softmax_backward", True),  # 3.4x
+    ((3, 5000000), torch.float32, "softmax_backward", True),
+    ((4, 8388608), torch.float32, "softmax_backward", False),  # 6.9x: split_row
+    ((4, 33554432), torch.float16, "softmax", False),          # 7.8x
+    ((2, (1 << 30) + 8), torch.float16, "softmax", False),
+])
+def test_few_huge_rows_stream_in_one_cooperative_launch_while_a_quarter_stays_on_chip(shape, dtype, op, streamed):
     """Rows larger than every CTA slot's cache together: grid_onepass caches what fits and re-reads the
-    rest of each chunk (one launch), rather than split_row's two launches that re-read everything."""
+    rest of each chunk (one launch) while a CTA caches at least a quarter of its chunk; split_row's two
+    launches beyond (kGridStreamMaxChunkPerCache)."""
     line = plan_line(shape, dtype, op)
-    assert "kernel grid_onepass" in line and "(cooperative)" in line, line
-    assert "the rest of each chunk streamed and re-read" in line, line
+    if streamed:
+        assert "kernel grid_onepass" in line and "(cooperative)" in line, line
+        assert "the rest of each chunk streamed and re-read" in line, line
+    else:
+        assert "kernel split_row" in line, line
 
 
 @pytest.mark.parametrize("backward", [False, True])

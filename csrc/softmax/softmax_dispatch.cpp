@@ -73,6 +73,9 @@ struct Heuristics {
   // row, with CTAs of up to kGridCtaThreads threads (two per SM), few packs per thread, chunks of at least
   // kClusterMinChunkBytes. Clusters stop at 16 CTAs, so 4 rows kept 64 of 132 SMs busy.
   static constexpr int kGridCtaThreads = 512;
+  // ... and when even that cannot cache whole chunks, it streams the rest of chunks up to this many times
+  // what it caches (grid_group_streamed); split_row beyond.
+  static constexpr int64_t kGridStreamMaxChunkPerCache = 4;
 
   // two_pass (one CTA per row, re-read from L2) rather than split_row when rows are at least this many
   // per SM: every SM is busy anyway and one launch beats two.
@@ -386,7 +389,7 @@ class Chooser {
       if (!choice) choice = widest_cluster();
       if (!choice) choice = try_clusters(2, /*exclusive=*/false);
       if (!choice) choice = try_clusters(2, /*exclusive=*/true);
-      if (!choice) choice = grid_group_streamed();
+      if (!choice) choice = grid_group_streamed(/*forced=*/false);
       if (choice) {
         choice->reason = why_few + ": " + choice->reason;
         return *choice;
@@ -476,23 +479,36 @@ class Chooser {
   // of their shared-memory share) and fold the rest of their chunk straight from global memory, then re-read
   // it. One launch instead of split_row's two, a third to a half of the row never re-read, and each chunk
   // re-read by the CTA that read it first (the L2 partition next to its SM).
-  std::optional<SoftmaxChoice> grid_group_streamed() {
+  //
+  // Automatic only while a CTA caches at least 1 / kGridStreamMaxChunkPerCache of its chunk. H200, 2026-11-22
+  // (softmax xCopy, grid streamed vs split_row): 3 x 5000000 fp16 0.77 vs 0.58, fp32 0.73 vs 0.59 (chunk
+  // 1.2-2.5x the cache); 4 x 8388608 fp16 0.63 vs 0.54, fp32 0.65 vs 0.59 (1.9x, 3.9x); 4 x 33554432 fp16
+  // 0.51 vs 0.51, fp32 0.51 vs 0.54 (7.8x, 15.6x): with little cached, split_row's 8 packs in flight per
+  // thread in its folding pass (the grid kernel holds 4 under its 64-register budget) win.
+  std::optional<SoftmaxChoice> grid_group_streamed(bool forced) {
     if (!clusters_supported()) return std::nullopt;
     const int64_t ctas_per_row = std::min<int64_t>(2 * props_.sm_count / g_.rows, g_.n_packs);
     if (ctas_per_row < 2) return std::nullopt;
     const int threads = Heuristics::kGridCtaThreads;
+    const int reg_packs = grid_stream_reg_packs(p_.in_dtype, p_.backward, g_.vec > 1);
     const int64_t slot_bytes = static_cast<int64_t>(threads) * g_.pack_bytes * g_.streams;
-    const int64_t smem_packs = shared_smem_budget(props_) / slot_bytes;
-    const CacheShape shape{threads, grid_stream_reg_packs(p_.in_dtype, p_.backward, g_.vec > 1),
-                           static_cast<int>(smem_packs), static_cast<size_t>(smem_packs * slot_bytes)};
-    SoftmaxPlan plan = plan_grid_group(g_, shape, ctas_per_row);
-    plan.stream_rest = true;
-    if (resident(plan) < plan.grid) return std::nullopt;
-    const int64_t cached = static_cast<int64_t>(threads) * (shape.reg_packs + shape.smem_packs);
-    return ok(plan, std::to_string(ctas_per_row) + " CTAs per row over every SM (one cooperative launch), each " +
-                        "caching " + kib(cached * g_.pack_bytes * g_.streams) + " of its " +
-                        kib(ceil_div(g_.n_packs, ctas_per_row) * g_.pack_bytes * g_.streams) + " chunk on chip " +
-                        "and re-reading the rest; partial results merged in fixed order after one grid barrier");
+    const int64_t chunk = ceil_div(g_.n_packs, ctas_per_row);
+    // All of the CTA's share of shared memory, less a pack per thread at a time while two CTAs do not fit
+    // (the static shared memory of the float64 instances exceeds kSmemReservePerCta).
+    for (int64_t smem_packs = shared_smem_budget(props_) / slot_bytes; smem_packs >= 0; --smem_packs) {
+      const int64_t cached = static_cast<int64_t>(threads) * (reg_packs + smem_packs);
+      if (!forced && chunk > Heuristics::kGridStreamMaxChunkPerCache * cached) return std::nullopt;
+      const CacheShape shape{threads, reg_packs, static_cast<int>(smem_packs),
+                             static_cast<size_t>(smem_packs * slot_bytes)};
+      SoftmaxPlan plan = plan_grid_group(g_, shape, ctas_per_row);
+      plan.stream_rest = true;
+      if (resident(plan) < plan.grid) continue;
+      return ok(plan, std::to_string(ctas_per_row) + " CTAs per row over every SM (one cooperative launch), each " +
+                          "caching " + kib(cached * g_.pack_bytes * g_.streams) + " of its " +
+                          kib(chunk * g_.pack_bytes * g_.streams) + " chunk on chip and re-reading the rest; " +
+                          "partial results merged in fixed order after one grid barrier");
+    }
+    return std::nullopt;
   }
 
   // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
@@ -600,7 +616,7 @@ class Chooser {
     }
     if (name == "grid_onepass") {
       if (auto choice = grid_group(/*forced=*/true)) return *choice;
-      if (auto choice = grid_group_streamed()) return *choice;
+      if (auto choice = grid_group_streamed(/*forced=*/true)) return *choice;
       return fail(prefix + "it needs compute capability 9.0 and at least 2 resident CTAs per row; " +
                   std::to_string(props_.sm_count) + " SMs hold too few for " + std::to_string(g_.rows) + " rows");
     }

@@ -57,7 +57,7 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
           for (int j = 0; j < VEC; ++j) {
             C v[S];
 #pragma unroll
-            for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
+            for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][u], j);
             fn(v, j);
           }
         }
@@ -102,7 +102,7 @@ __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row
         for (int j = 0; j < VEC; ++j) {
           C v[S];
 #pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = convert<C>(packs[s][u].v[j]);
+          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][u], j);
           result.v[j] = op.apply(row_consts, v);
         }
         store_vec<Out, VEC>(out + k * VEC, result);
