@@ -19,7 +19,6 @@
 namespace softmax_ops::detail {
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLog2eLow = 1.925963033500011e-08f;  // log2(e) - kLog2e
 
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
@@ -46,15 +45,11 @@ struct ExpMath<float> {
   // log1pf is not replaced by an approximation under --use_fast_math (logf is); once per row.
   static __device__ __forceinline__ float log_sum(float sum) { return log1pf(sum - 1.0f); }
   static __device__ __forceinline__ float reciprocal(float d) { return __frcp_rn(d); }
-  // exp(y) for any y (log_softmax_backward's exp(output)), with range reduction: 2^j * 2^r, r in
-  // [-0.5, 0.5] computed from a two-part log2(e), so even for y = -80 only MUFU.EX2's ~2 ulp remain.
-  static __device__ __forceinline__ float exp(float y) {
-    if (!(y > -104.0f)) return y != y ? y : 0.0f;  // exp(-104) rounds to 0; -inf gives 0; NaN stays NaN
-    y = fminf(y, 128.0f);                            // exp(89) is already inf
-    const float j = rintf(y * kLog2e);
-    const float r = fmaf(y, kLog2eLow, fmaf(y, kLog2e, -j));
-    return ldexpf(ex2_approx(r), static_cast<int>(j));
-  }
+  // exp(y) for any y (log_softmax_backward's exp(output)): the CUDA math library's expf, the function
+  // torch's own kernel calls. Its error is multiplied by |sum of the row's gradient| (hundreds for rows of
+  // millions of elements), so an exp a few ulp worse than torch's put a 3 x 1441793 float32 row at 5x
+  // torch's error (H200, 2026-11-22; it was ex2.approx of a range-reduced argument, scaled by ldexpf).
+  static __device__ __forceinline__ float exp(float y) { return expf(y); }
 };
 
 template <>
@@ -215,7 +210,7 @@ struct BackwardOp {
 
   // exp(output) of log_softmax_backward. A 16-bit result is rounded to 2^-11 relative or coarser, so the
   // bare MUFU.EX2 (relative error ~|y| * 6e-8 from rounding y * log2 e, plus 2 ulp of float) is far below
-  // it; the range-reduced Exp::exp costs ~12 more instructions per element, enough to make this op
+  // it; the full-range Exp::exp (expf) costs ~12 more instructions per element, enough to make this op
   // instruction-bound at 16 bits (0.53-0.68 of copy bandwidth on H200 against 0.87 for softmax_backward).
   // ex2.approx gives 0 for -inf and large negative y, inf for large y, and NaN for NaN, like exp.
   static __device__ __forceinline__ C exp_of_output(C y) {
