@@ -33,7 +33,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             if constexpr (kCanStream) {
               return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, true>, args);
             } else {
-              return cudaErrorInvalidValue;  // never planned: see grid_group
+              return cudaErrorInvalidValue;  // never planned: see grid_group_streamed
             }
           }
           if (plan.prefetch) {

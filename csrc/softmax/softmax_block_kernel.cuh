@@ -21,7 +21,7 @@
 //   the cache holds the first threads x (PREG + smem_packs) packs of the chunk, the rest is folded straight
 //   from global memory after the cache's loads are issued, and re-read (last part first, where L2 still
 //   has it, see write_packs) before the cached part is written. The same CTA reads its chunk both times,
-//   so the re-read comes from the L2 partition next to its SM, and one launch replaces split_row's two.
+//   and one launch replaces split_row's two (the dispatcher's rule: grid_group_streamed).
 //
 // Shared buffers alternate by row parity, which lets one barrier per step protect them (see
 // block_all_reduce). A CTA must not exit while a peer may still read its shared memory: the kernel ends

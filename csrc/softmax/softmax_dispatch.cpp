@@ -477,8 +477,8 @@ class Chooser {
   // Few rows too long for every CTA slot of the device to cache its chunk (millions of elements): the grid
   // group of grid_group with CTAs that cache what fits (kGridCtaThreads threads, a few register packs, all
   // of their shared-memory share) and fold the rest of their chunk straight from global memory, then re-read
-  // it. One launch instead of split_row's two, a third to a half of the row never re-read, and each chunk
-  // re-read by the CTA that read it first (the L2 partition next to its SM).
+  // it. One launch instead of split_row's two, at least a quarter of the row never re-read (the rule
+  // below), and each chunk re-read by the CTA that read it first.
   //
   // Automatic only while a CTA caches at least 1 / kGridStreamMaxChunkPerCache of its chunk. H200, 2026-11-22
   // (softmax xCopy, grid streamed vs split_row): 3 x 5000000 fp16 0.77 vs 0.58, fp32 0.73 vs 0.59 (chunk

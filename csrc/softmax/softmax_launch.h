@@ -16,9 +16,9 @@ enum class SoftmaxKernel : int {
   kWarp = 0,         // 1-32 lanes per row, row in registers, several rows per warp
   kBlockOnePass,     // one CTA per row, row cached in registers (+ dynamic shared memory), one read
   kClusterOnePass,   // a thread-block cluster per row, chunks cached on chip, partials merged via DSMEM
-  kGridOnePass,      // few rows: a cooperative launch, many CTAs per row, chunks cached on chip (as much as
-                     // fits; stream_rest: the rest is read twice), partials
-                     // merged through a global workspace after one grid barrier
+  kGridOnePass,      // few rows: a cooperative launch, many CTAs per row, chunks cached on chip (stream_rest:
+                     // as much as fits, the rest read twice), partials merged through a global workspace
+                     // after one grid barrier
   kTwoPass,          // one CTA per row, any n: online (max, sum) pass, then re-read (L2) and write
   kSplitRow,         // two launches, any n: per-chunk partials to a workspace, then merge + normalise
   kStrided,          // reduced dim not last ([outer, n, inner > 1]): threads across inner, loop over n

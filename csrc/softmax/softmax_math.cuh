@@ -46,9 +46,9 @@ struct ExpMath<float> {
   static __device__ __forceinline__ float log_sum(float sum) { return log1pf(sum - 1.0f); }
   static __device__ __forceinline__ float reciprocal(float d) { return __frcp_rn(d); }
   // exp(y) for any y (log_softmax_backward's exp(output)): the CUDA math library's expf, the function
-  // torch's own kernel calls. Its error is multiplied by |sum of the row's gradient| (hundreds for rows of
-  // millions of elements), so an exp a few ulp worse than torch's put a 3 x 1441793 float32 row at 5x
-  // torch's error (H200, 2026-11-22; it was ex2.approx of a range-reduced argument, scaled by ldexpf).
+  // torch's own kernel calls. It replaced a hand-made range-reduced ex2.approx + ldexpf (same speed on H200,
+  // log_softmax_backward fp32 geomean 0.77 of copy). It did NOT fix a 3 x 1441793 row whose error is 5x
+  // torch's (a strict xfail in tests/test_cuda_softmax.py: KNOWN_ACCURACY_GAPS).
   static __device__ __forceinline__ float exp(float y) { return expf(y); }
 };
 
@@ -210,8 +210,9 @@ struct BackwardOp {
 
   // exp(output) of log_softmax_backward. A 16-bit result is rounded to 2^-11 relative or coarser, so the
   // bare MUFU.EX2 (relative error ~|y| * 6e-8 from rounding y * log2 e, plus 2 ulp of float) is far below
-  // it; the full-range Exp::exp (expf) costs ~12 more instructions per element, enough to make this op
-  // instruction-bound at 16 bits (0.53-0.68 of copy bandwidth on H200 against 0.87 for softmax_backward).
+  // it; a full-range exp (range reduction and scaling: ~12 more instructions per element when measured with
+  // the earlier hand-made form) made this op instruction-bound at 16 bits (0.53-0.68 of copy bandwidth on
+  // H200 against 0.87 for softmax_backward).
   // ex2.approx gives 0 for -inf and large negative y, inf for large y, and NaN for NaN, like exp.
   static __device__ __forceinline__ C exp_of_output(C y) {
     if constexpr (sizeof(Out) == 2) {

@@ -8,7 +8,8 @@
 //             every warp load is contiguous across inner, and loop over n; no transpose copy.
 //
 // Each thread keeps U packs in flight per step (kStreamUnroll) and folds them with one exponential per
-// element plus one per step (ForwardOp::accumulate), never a per-element online update.
+// element plus one per step (ForwardOp::accumulate), never a per-element online update. fold_packs and
+// write_packs also serve the block kernel's streaming grid instance (softmax_block_kernel.cuh, kStreamRest).
 #pragma once
 
 #include "softmax_kernel_common.cuh"
