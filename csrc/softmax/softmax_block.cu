@@ -22,7 +22,8 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
       return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto reg_packs) -> cudaError_t {
         constexpr int kVec = std::decay_t<decltype(vec)>::value;
         constexpr int kRegPacks = std::decay_t<decltype(reg_packs)>::value;
-        // Fewer packs than the maximum: few-rows clusters spread over threads (cache_shape), vector path only.
+        // Fewer packs than the maximum: few-rows clusters and grid groups spread over threads (cache_shape) and
+        // the streaming grid instance; vector path only.
         // The prefetching variant: forward, many rows (always the maximum packs), vector path.
         constexpr bool kCanPrefetch = Op::kStreams == 1 && kRegPacks == kMaxRegPacks<Op> && kVec > 1;
         // The streaming grid instance: one register bucket per (op, vector width).

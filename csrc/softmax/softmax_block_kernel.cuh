@@ -9,8 +9,8 @@
 //     in a chunk, thread t holds packs t, t + T, t + 2T, ...: the first PREG in registers, the next
 //     `smem_packs` in dynamic shared memory (its own slots only, so the cache needs no barrier).
 //
-//   reduction: warp butterfly -> per-warp partials in shared memory -> every thread merges the partials
-//   in warp order; with C > 1, thread 0 publishes the CTA's result, cluster barrier, warp 0 reads the C
+//   reduction: warp butterfly -> per-warp partials in shared memory -> every warp merges the partials
+//   with the same butterfly (block_all_reduce); with C > 1, thread 0 publishes the CTA's result, cluster barrier, warp 0 reads the C
 //   results through distributed shared memory (DSMEM) and merges them with a fixed butterfly, so every
 //   CTA of the cluster gets bitwise the same row result. A grid group publishes its results to a global
 //   workspace [rows][C] instead, and a grid barrier replaces the cluster barrier; every CTA of the row
@@ -180,8 +180,7 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
     // The rest of an over-long chunk, folded while the shared-memory packs above are in flight and before
     // the register packs load (their registers are not live yet).
     const In* row_in[S];
-#pragma unroll
-    for (int s = 0; s < S; ++s) row_in[s] = args.in[s] + row_offset;
+    row_pointers(args, row, row_in);
     Acc streamed = Op::identity();
     // kStreamUnroll, not the folding kernels' 2x: the 64-register budget of this kernel spilled with 2x.
     if constexpr (kStreamRest) {

@@ -183,8 +183,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
                             c10::ScalarType dtype, int64_t /*k*/) {
   const bool backward = op.find("backward") != std::string::npos;
   const bool log = op.rfind("log_", 0) == 0;
-  TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
-                   "softmax_ops.explain: dtype must be float32, float16, bfloat16 or float64, got ", dtype);
+  const DType tag = require_dtype_tag(dtype, "softmax_ops.explain");
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t ndim = std::max<int64_t>(rank, 1);
   TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.explain: dim (got ", dim,
@@ -193,7 +192,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   SoftmaxProblem problem;
   problem.backward = backward;
   problem.log = log;
-  problem.in_dtype = problem.out_dtype = cuda_dtype(dtype);
+  problem.in_dtype = problem.out_dtype = tag;
   for (int64_t d = 0; d < rank; ++d) {
     TORCH_CHECK_VALUE(shape[d] >= 0, "softmax_ops.explain: negative size in shape");
     if (d < wrapped) problem.outer *= shape[d];

@@ -66,7 +66,6 @@ struct Heuristics {
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
   static constexpr int64_t kFewRowsSplitMinRowBytes = 16 * 1024;
-  static constexpr int kPortableClusterMax = 8;
   static constexpr int kClusterMax = 16;
 
   // grid_onepass (few rows, cooperative launch): every resident CTA slot of the device gets a chunk of a
@@ -524,7 +523,7 @@ class Chooser {
       auto shape = cache_shape(chunk, g_, max_threads, budget);
       if (!shape) continue;
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
-      if (!cluster_schedulable(plan)) continue;
+      if (resident(plan) == 0) continue;  // the device cannot schedule one cluster of this size
       return ok(plan, "a cluster of " + std::to_string(cluster) + " CTAs per row, each caching " +
                           kib(chunk * g_.pack_bytes * g_.streams) + " on chip; partial (max, sum) merged through " +
                           "distributed shared memory in fixed order: one read, one write");
@@ -533,8 +532,6 @@ class Chooser {
   }
 
   bool clusters_supported() const { return props_.cc_major >= 9; }
-
-  bool cluster_schedulable(const SoftmaxPlan& plan) const { return resident(plan) > 0; }
 
   // Row groups of `plan` the device holds at once: clusters for a cluster plan, CTAs otherwise. The occupancy
   // API's answer (non-portable cluster sizes need a GPC with that many free SMs), cached per configuration.

@@ -46,8 +46,8 @@ struct SoftmaxPlan {
   int threads = 256;        // threads per CTA (strided: blockDim.x * blockDim.y)
   int block_x = 1;          // strided: threads across inner (blockDim.x); threads / block_x along n
   int lanes_per_row = 32;   // warp: lanes sharing one row (power of two, 1..32)
-  int reg_packs = 1;        // warp: vector packs per lane; block/cluster: packs per thread in registers
-  int smem_packs = 0;       // block/cluster: further packs per thread (per input stream) in shared memory
+  int reg_packs = 1;        // warp: vector packs per lane; block/cluster/grid: packs per thread in registers
+  int smem_packs = 0;       // block/cluster/grid: further packs per thread (per input stream) in shared memory
   int cluster = 1;          // cluster: CTAs per row (thread-block cluster size)
   int64_t chunks = 1;       // split_row, grid_onepass: CTAs per row
   int64_t grid = 1;         // CTAs launched (cluster: a multiple of `cluster`)

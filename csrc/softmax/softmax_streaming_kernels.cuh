@@ -7,7 +7,7 @@
 //   strided:  the reduced dim is not last ([outer, n, inner > 1]): threads map to the inner index, so
 //             every warp load is contiguous across inner, and loop over n; no transpose copy.
 //
-// Each thread keeps U packs in flight per step (kStreamUnroll) and folds them with one exponential per
+// Each thread keeps U packs in flight per step (kStreamUnroll writing, kFoldUnroll folding) and folds them with one exponential per
 // element plus one per step (ForwardOp::accumulate), never a per-element online update. fold_packs and
 // write_packs also serve the block kernel's streaming grid instance (softmax_block_kernel.cuh, kStreamRest).
 #pragma once
@@ -16,9 +16,10 @@
 
 namespace softmax_ops::detail {
 
-// Packs in flight per thread and step: 4 x 16 bytes for one stream, 2 x 16 bytes each for the backward's
-// two; single elements 8 (4 each). More gains nothing at 512 threads (>= 32 KB in flight per CTA) and
-// costs registers. fp64 16-byte packs hold 2 elements: 4 of them as well.
+// Packs in flight per thread and step of a pass that also writes: 4 x 16 bytes for one stream, 2 x 16 bytes
+// each for the backward's two; single elements 8 (4 each). More gains nothing at 512 threads (>= 32 KB in
+// flight per CTA) and costs registers. fp64 16-byte packs hold 2 elements: 4 of them as well. The block
+// kernel's streaming instance folds with this count too (its 64-register budget spilled with kFoldUnroll).
 template <typename Op, int VEC>
 constexpr int kStreamUnroll = (VEC > 1 ? 4 : 8) / Op::kStreams;
 // The folding pass has no stores to overlap with its loads, so it keeps twice as many in flight.
