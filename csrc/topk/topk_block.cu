@@ -91,14 +91,7 @@ struct ChunkTopk {
     for (int u = 0; u < U; ++u) {
       if constexpr (kVectorLoads) {
         const int off = tile_offset(u, 0);
-        if (off < valid) {
-          t.w[u] = load_raw16<TIn, true>(x + off);
-        } else {
-          ElementBits<TIn> pad[V];
-#pragma unroll
-          for (int j = 0; j < V; ++j) pad[j] = kPad;
-          t.w[u] = pack_raw16<TIn>(pad);
-        }
+        t.w[u] = off < valid ? load_raw16<TIn, true>(x + off) : neg_inf_raw16<TIn>();
       } else {
         ElementBits<TIn> e[V];
 #pragma unroll

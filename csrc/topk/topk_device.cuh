@@ -91,6 +91,15 @@ __device__ __forceinline__ uint4 pack_raw16(const ElementBits<T> (&e)[16 / sizeo
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// 16 bytes of T's -inf, as load_raw16 would have read padding: the pad of partial vector tiles.
+template <typename T>
+__device__ __forceinline__ uint4 neg_inf_raw16() {
+  ElementBits<T> pad[16 / sizeof(T)];
+#pragma unroll
+  for (int j = 0; j < static_cast<int>(16 / sizeof(T)); ++j) pad[j] = neg_inf_bits<T>();
+  return pack_raw16<T>(pad);
+}
+
 // 16 bytes of T (as load_raw16 returns them) as compute-type values.
 template <typename T>
 __device__ __forceinline__ void unpack_raw16(uint4 raw, compute_t<T> (&out)[16 / sizeof(T)]) {

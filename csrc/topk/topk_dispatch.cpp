@@ -49,7 +49,7 @@ struct TopkHeuristics {
   // fit per SM and >= 2 rows per SM already keeps every SM busy. Fewer rows split.
   int64_t block_min_rows_per_sm = 2;
   // split_row: aim for this many CTAs per SM; each chunk >= max(split_min_chunk, split_chunk_per_k * k)
-  // elements (one tile at least), since every chunk writes k candidates that the merge kernel reads back.
+  // elements (one tile at least), since every chunk writes k candidates that the row's merge reads back.
   int64_t split_target_ctas_per_sm = 4;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;

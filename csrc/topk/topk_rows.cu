@@ -126,7 +126,6 @@ template <typename TIn>
 struct RowSlots {
   static constexpr int V = 16 / sizeof(TIn);
   static constexpr int kRegs = kSlots * sizeof(TIn) / 4;
-  static constexpr uint32_t kNegInf16 = std::is_same_v<TIn, __half> ? 0xfc00u : 0xff80u;
   int t;       // thread in the row
   int T;       // threads per row
   bool vector;
@@ -152,11 +151,11 @@ struct RowSlots {
         const bool valid = p * T + t < packs;
         uint4 v = make_uint4(0, 0, 0, 0);
         if (valid) v = __ldcs(reinterpret_cast<const uint4*>(row) + p * T + t);
-        const uint32_t pad = kIs16<TIn> ? (kNegInf16 | (kNegInf16 << 16)) : 0xff800000u;
-        raw[p * 4 + 0] = valid ? v.x : pad;
-        raw[p * 4 + 1] = valid ? v.y : pad;
-        raw[p * 4 + 2] = valid ? v.z : pad;
-        raw[p * 4 + 3] = valid ? v.w : pad;
+        const uint4 pad = neg_inf_raw16<TIn>();
+        raw[p * 4 + 0] = valid ? v.x : pad.x;
+        raw[p * 4 + 1] = valid ? v.y : pad.y;
+        raw[p * 4 + 2] = valid ? v.z : pad.z;
+        raw[p * 4 + 3] = valid ? v.w : pad.w;
       }
     } else {
       const int limit = active ? n : 0;
@@ -165,10 +164,11 @@ struct RowSlots {
         if (!group_used(s / kGroup)) continue;
         const int col = s * T + t;
         if constexpr (kIs16<TIn>) {
-          const uint32_t bits = col < limit ? reinterpret_cast<const unsigned short*>(row)[col] : kNegInf16;
+          const uint32_t bits = col < limit ? reinterpret_cast<const unsigned short*>(row)[col]
+                                        : uint32_t{neg_inf_bits<TIn>()};
           raw[s / 2] = s % 2 ? (raw[s / 2] | (bits << 16)) : bits;
         } else {
-          raw[s] = col < limit ? __float_as_uint(row[col]) : 0xff800000u;
+          raw[s] = col < limit ? __float_as_uint(row[col]) : neg_inf_bits<TIn>();
         }
       }
     }

@@ -63,7 +63,6 @@ struct LaneValues {
   using C = compute_t<TIn>;
   static constexpr int kPerReg = kIs16Bit<TIn> ? 2 : 1;
   using Reg = std::conditional_t<kIs16Bit<TIn>, uint32_t, C>;
-  static constexpr uint32_t kNegInfBits16 = std::is_same_v<TIn, __half> ? 0xfc00u : 0xff80u;
   Reg reg[S / kPerReg];
 
   template <int W>
@@ -74,7 +73,7 @@ struct LaneValues {
       for (int p = 0; p < S / V; ++p) {
         if (!at.group_used(p * V)) continue;
         const uint4 raw = p * V < at.valid ? __ldcs(reinterpret_cast<const uint4*>(row + (p * W + at.lane) * V))
-                                           : neg_inf_vector();
+                                           : neg_inf_raw16<TIn>();
         store_vector(p, raw);
       }
     } else {
@@ -83,7 +82,7 @@ struct LaneValues {
         if (!at.group_used(s)) continue;
         if constexpr (kIs16Bit<TIn>) {
           const uint32_t bits = s < at.valid ? reinterpret_cast<const unsigned short*>(row)[s * W + at.lane]
-                                             : kNegInfBits16;
+                                             : uint32_t{neg_inf_bits<TIn>()};
           reg[s / 2] = s % 2 ? (reg[s / 2] | (bits << 16)) : bits;
         } else {
           reg[s] = s < at.valid ? row[s * W + at.lane] : neg_inf<C>();
@@ -104,18 +103,6 @@ struct LaneValues {
   __device__ __forceinline__ uint32_t bits16(int s) const { return (reg[s / 2] >> (16 * (s % 2))) & 0xffffu; }
 
  private:
-  static __device__ __forceinline__ uint4 neg_inf_vector() {
-    if constexpr (kIs16Bit<TIn>) {
-      const uint32_t w = kNegInfBits16 | (kNegInfBits16 << 16);
-      return make_uint4(w, w, w, w);
-    } else if constexpr (std::is_same_v<TIn, float>) {
-      const uint32_t w = __float_as_uint(-INFINITY);
-      return make_uint4(w, w, w, w);
-    } else {
-      const uint32_t hi = static_cast<uint32_t>(__double2hiint(-static_cast<double>(INFINITY)));
-      return make_uint4(0u, hi, 0u, hi);
-    }
-  }
   __device__ __forceinline__ void store_vector(int p, const uint4& raw) {
     const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
     if constexpr (kIs16Bit<TIn>) {
