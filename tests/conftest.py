@@ -23,6 +23,30 @@ _ABS_FLOOR = {
 }
 
 
+# Block kernel limits (csrc/softmax/softmax_launch.h, softmax_dispatch.cpp) the softmax size rules derive from.
+BLOCK_MAX_THREADS = 1024
+SMEM_RESERVE = 2048  # per CTA: static shared memory + the driver's reserve
+HOPPER_SMEM_OPTIN = 227 * 1024  # opt-in shared memory per block on H100 / H200 (explain's assumed GPU)
+
+
+def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
+    """Mirror of max_block_reg_packs in softmax_launch.h."""
+    if dtype == torch.float64:
+        return 1
+    narrow = dtype in (torch.float16, torch.bfloat16)
+    if backward:
+        return 2 if narrow else 4
+    return 8
+
+
+def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool, smem_optin: int = HOPPER_SMEM_OPTIN) -> int:
+    """Packs of one row that the block kernel can cache (1024 threads, registers + all shared memory)."""
+    streams = 2 if backward else 1
+    pack_bytes = vec * torch.empty((), dtype=dtype).element_size()
+    smem_packs = (smem_optin - SMEM_RESERVE) // (BLOCK_MAX_THREADS * pack_bytes * streams)
+    return BLOCK_MAX_THREADS * (max_block_reg_packs(dtype, backward) + smem_packs)
+
+
 def abs_floor(dtype: torch.dtype) -> float:
     """One rounding step at magnitude ~1 for the output dtype."""
     return _ABS_FLOOR[dtype]

@@ -14,7 +14,8 @@ import os
 
 import pytest
 import torch
-from conftest import HAS_CUDA, assert_within_2x_torch
+from conftest import BLOCK_MAX_THREADS, HAS_CUDA, HOPPER_SMEM_OPTIN, assert_within_2x_torch, max_block_reg_packs
+from conftest import block_capacity_packs as block_capacity_packs_for
 
 import softmax_ops
 
@@ -54,8 +55,6 @@ OPS = {"softmax": torch.softmax, "log_softmax": torch.log_softmax}
 # Launch limits (softmax_launch.h) and budgets (softmax_dispatch.cpp) the size boundaries derive from.
 WARP_LANES = 32
 WARP_MAX_PACKS = 8
-BLOCK_MAX_THREADS = 1024
-SMEM_RESERVE = 2048
 GRID_CTA_THREADS = 512  # grid_onepass: CTAs of up to 512 threads, two per SM (softmax_dispatch.cpp)
 
 
@@ -69,31 +68,18 @@ def vec16(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
-def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
-    """Mirror of max_block_reg_packs in softmax_launch.h."""
-    if dtype == torch.float64:
-        return 1
-    narrow = dtype in (torch.float16, torch.bfloat16)
-    if backward:
-        return 2 if narrow else 4
-    return 8
-
-
 def smem_optin() -> int:
     """Opt-in shared memory per block of the current GPU (227 KB on H100/H200; also used, untested, for
     collecting the parametrisations on a machine without a GPU)."""
     if not HAS_CUDA:
-        return 227 * 1024
+        return HOPPER_SMEM_OPTIN
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return getattr(props, "shared_memory_per_block_optin", 227 * 1024)
+    return getattr(props, "shared_memory_per_block_optin", HOPPER_SMEM_OPTIN)
 
 
 def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool) -> int:
-    """Packs of one row that the block kernel can cache (1024 threads, registers + all shared memory)."""
-    streams = 2 if backward else 1
-    pack_bytes = vec * torch.empty((), dtype=dtype).element_size()
-    smem_packs = (smem_optin() - SMEM_RESERVE) // (BLOCK_MAX_THREADS * pack_bytes * streams)
-    return BLOCK_MAX_THREADS * (max_block_reg_packs(dtype, backward) + smem_packs)
+    """Packs of one row the block kernel can cache on the current GPU (conftest.block_capacity_packs)."""
+    return block_capacity_packs_for(dtype, vec, backward, smem_optin())
 
 
 def row_vec(n: int, dtype: torch.dtype) -> int:
@@ -508,8 +494,8 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 @pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(128, 2048), (37, 2048), (5, 1600)])
 def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
-    """Few 16-bit rows of 1-2K columns: the dispatcher's own plan (a CTA per row, one pack per thread; a
-    CTA with more packs per thread for the wider fp32 rows)."""
+    """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan (for 16-bit rows a CTA per row,
+    one pack per thread; a CTA with more packs per thread for the wider fp32 rows)."""
     x = make_input(shape, in_dtype, seed=shape[0])
     if in_dtype != torch.float64:
         assert "kernel block_onepass" in softmax_ops.explain(shape, in_dtype, op=op)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import softmax_ops
+from conftest import block_capacity_packs
 
 CUDA_BUILT = bool(softmax_ops.list_kernels("softmax"))
 SM_COUNT = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
@@ -95,17 +96,12 @@ def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backwa
     """3 rows: the last fully cached plan is one 1024-thread CTA per SM, 44 per row, each with its register
     packs plus all of its shared memory; one pack more per row and the plan streams (the boundary the
     kernel tests in test_cuda_softmax.py exercise)."""
-    streams = 2 if backward else 1
-    elem = torch.empty((), dtype=dtype).element_size()
-    reg_packs = {(False, 4): 8, (False, 2): 8, (True, 4): 4, (True, 2): 2}[(backward, elem)]
-    smem_packs = (227 * 1024 - 2048) // (1024 * vec * elem * streams)
-    last_cached = (SM_COUNT // 3) * 1024 * (reg_packs + smem_packs) * vec
-    family = "softmax_backward" if backward else "softmax"
+    last_cached = (SM_COUNT // 3) * block_capacity_packs(dtype, vec, backward) * vec
     op = "softmax_backward" if backward else "softmax"
-    odd = 1 if vec == 1 else 0  # an odd row length takes single-element packs
-    with softmax_ops.force_kernel(family, "grid_onepass"):
-        cached = softmax_ops.explain((3, last_cached + odd), dtype, op=op) if not odd else None
-        streamed = softmax_ops.explain((3, last_cached + max(vec, 1) + odd), dtype, op=op)
+    with softmax_ops.force_kernel(op, "grid_onepass"):
+        # 16-byte packs: the last cached length and one pack more; single elements: the first odd length beyond
+        cached = softmax_ops.explain((3, last_cached), dtype, op=op) if vec > 1 else None
+        streamed = softmax_ops.explain((3, last_cached + (vec if vec > 1 else 1)), dtype, op=op)
     if cached is not None:
         assert "kernel grid_onepass" in cached and "streamed" not in cached, cached
     assert "kernel grid_onepass" in streamed and "the rest of each chunk streamed" in streamed, streamed
