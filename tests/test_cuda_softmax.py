@@ -359,10 +359,11 @@ def test_forced_kernel_backward(kernel, in_dtype, out_dtype, n, op, request):
         check_backward(op, x, -1, out_dtype)
 
 
-# Fewer rows than SMs: the dispatcher's own choice spreads a row over a cluster of up to 16 CTAs with
-# 1, 2, 4 or 8 register packs per thread (widest_cluster); n at and around those buckets (fp16: 16 CTAs x
-# 128 threads x 1 pack = 16384), an odd n (single-element path), every dtype, forward and backward.
-FEW_ROW_SIZES = [1024, 4096, 16384, 16392, 32776, 65544, 131080, 262144, 100003]
+# Fewer rows than SMs: the dispatcher's own choice spreads a row of up to 256 KB over a cluster of 16 CTAs
+# of up to 512 threads with 1 or 2 register packs each (widest_cluster), longer rows over a grid group; n at
+# and around those buckets (fp16: 16 CTAs x 512 threads x 1 pack = 65536, x 2 packs = 131072 = 256 KB),
+# an odd n (single-element path), every dtype, forward and backward.
+FEW_ROW_SIZES = [1024, 4096, 16384, 16392, 32776, 65536, 65544, 131072, 131080, 262144, 100003]
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -408,6 +409,7 @@ def test_autograd_end_to_end(dtype, op):
 GRID_STRIDE_CASES = [
     ("warp", (2_100_003, 2)),
     ("block_onepass", (200_003, 8)),
+    ("cluster_onepass", (40_003, 8)),  # clusters of 2 CTAs, 33792 of them: the cluster barrier across rows
     ("two_pass", (200_003, 8)),
     ("split_row", (200_003, 64)),
     ("strided", (400_003, 3, 2)),

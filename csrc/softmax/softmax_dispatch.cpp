@@ -61,7 +61,17 @@ struct Heuristics {
   // the occupancy API says they fit.
   static constexpr int64_t kClusterMinChunkBytes = 2 * 1024;
   // Threads per CTA a few-rows cluster spreads its chunk over before adding register packs per thread.
-  static constexpr int kSpreadThreads = 128;
+  // H200, 2026-11-22 (benchmarks/micro/few_rows_sync.cu, 4 x 65536 fp16, clusters of 16): 512 threads x 1
+  // pack and 256 x 2 took 6.4 us, 128 x 4 6.6 us; 4 x 262144: 512 x 4 8.7 us, 1024 x 2 9.4 us.
+  static constexpr int kSpreadThreads = 512;
+  // Few rows (16-byte packs) of at most kClusterMax x this many bytes go to a cluster before a grid group:
+  // its barrier is the hardware's, not an atomic in global memory. H200, 2026-11-22, micro benchmark above
+  // (fp16, best configuration of each): 4 x 16384 cluster 5.7 us vs grid group 6.6 us, 4 x 65536 6.4 vs
+  // 6.8 us; at 4 x 262144 (32 KB per CTA) the grid group was faster (8.3 vs 8.7 us), at 8 x 262144 too
+  // (9.9 vs 10.6 us). Tune (benchmarks/results/*session5-tune-few-rows-*.json, xCopy grid -> cluster, all
+  // four ops): 16-bit 4 x 16384 and 4 x 32768 +0.05..+0.18 in 14 of 16 cases; fp32 mixed (-0.09..+0.10,
+  // mean +0.02); odd rows (single elements, 3 x 100003 16-bit) 0.04-0.08 slower, so they keep the grid.
+  static constexpr int64_t kClusterFirstMaxChunkBytes = 16 * 1024;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -384,7 +394,11 @@ class Chooser {
       }
     }
     if (worth_splitting) {
-      auto choice = grid_group(/*forced=*/false);
+      std::optional<SoftmaxChoice> choice;
+      if (g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * Heuristics::kClusterFirstMaxChunkBytes) {
+        choice = widest_cluster();
+      }
+      if (!choice) choice = grid_group(/*forced=*/false);
       if (!choice) choice = widest_cluster();
       if (!choice) choice = try_clusters(2, /*exclusive=*/false);
       if (!choice) choice = try_clusters(2, /*exclusive=*/true);
