@@ -119,14 +119,8 @@ struct BlockOptions {
 // thread's own PREG slots per stream); the next iteration reads it from there instead of from DRAM. A
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
-//
-// kLean (many 16-bit rows of 2-8K columns, a CTA per row, 2 register packs per thread, no shared-memory cache):
-// compiled for up to kLeanCtaThreads threads at kLeanMinCtas CTAs per SM, i.e. <= 32 registers, so an SM holds
-// 2048 threads instead of 1024. The default instance's 64-register budget (1024 threads) left 2048 x 4096
-// fp16 at 21% achieved occupancy (Nsight Compute, H200) and 0.73 of copy, where Liger's Triton kernel (256
-// threads a row, lean registers) reached 0.92.
-template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false>
-__global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
+template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false>
+__global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
   using Out = typename Op::Out;
