@@ -488,9 +488,33 @@ def test_explain_names_the_chosen_kernel(shape, dtype, op, kernel):
 def test_automatic_block_kernel_prefetches_next_row(dtype, op):
     """Many 16-bit rows that fit in registers: the dispatcher's own plan (two rows per CTA, the second
     prefetched into shared memory) gives the reference's answer, odd row count included."""
-    x = make_input((301, 6000), dtype, seed=7)
+    x = make_input((301, 12000), dtype, seed=7)
     assert "next row prefetched" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
     check_forward(op, x)
+
+
+# The lean block instance (softmax of many 16-bit rows of 256..1024 packs, 2 packs per thread, exp taken once):
+# its bounds and a size between buckets, every 16-bit input's dtype pairs; log_softmax keeps the other path.
+LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("n", LEAN_SIZES)
+def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
+    x = make_input((150, n), in_dtype, seed=n)
+    assert ("lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)) == (op == "softmax")
+    check_forward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lean_block_rows_special_values(dtype):
+    """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (many rows: the special rows
+    repeated down a 150-row batch)."""
+    rows = special_rows(4096, dtype)
+    x = rows.repeat(-(-150 // rows.shape[0]), 1)[:150].contiguous()
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op="softmax")
+    check_forward("softmax", x)
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -39,10 +39,9 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
 
 
 @pytest.mark.parametrize("shape,dtype,prefetched", [
-    ((2048, 4096), torch.float16, True),
-    ((4096, 4096), torch.bfloat16, True),
+    ((2048, 16384), torch.float16, True),
+    ((1024, 12000), torch.bfloat16, True),
     ((2048, 4096), torch.float32, False),     # fp32: neutral to worse when measured
-    ((32768, 2048), torch.float16, False),    # 8 waves of rows: later waves already overlap
 ])
 def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     line = plan_line(shape, dtype)
@@ -50,11 +49,29 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     assert ("next row prefetched" in line) == prefetched, line
 
 
+@pytest.mark.parametrize("shape,dtype,lean", [
+    ((2048, 4096), torch.float16, True),
+    ((4096, 4096), torch.bfloat16, True),
+    ((32768, 2048), torch.float16, True),
+    ((2048, 8192), torch.float16, True),
+    ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
+    ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
+    ((100, 4096), torch.float16, False),      # fewer rows than SMs
+    ((2048, 4096), torch.float32, False),
+])
+def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
+    assert "lean instance" not in plan_line(shape, dtype, "log_softmax")  # its output needs no exponential
+    line = plan_line(shape, dtype)
+    assert ("lean instance" in line) == lean, line
+    if lean:
+        assert "kernel block_onepass" in line and "2 pack(s) per thread" in line, line
+
+
 @pytest.mark.parametrize("shape,dtype,kernel", [
     ((128, 2048), torch.float16, "block_onepass"),  # 8 packs per lane in a warp: spread over a CTA
     ((128, 1024), torch.float16, "warp"),           # 4 packs per lane: the warp kernel was faster
     ((128, 1024), torch.float32, "warp"),
-    ((2048, 2048), torch.float16, "warp"),          # many rows: warps hide each other's latency
+    ((2048, 2048), torch.float16, "block_onepass"),  # many rows of 256 packs: the lean instance
 ])
 def test_few_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel):
     line = plan_line(shape, dtype)

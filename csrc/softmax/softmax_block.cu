@@ -29,7 +29,18 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
+        // The lean instance: forward, 16-bit inputs, 16-byte packs, kLeanRegPacks (see lean_rows; softmax only,
+        // which the dispatcher checks: the op's log flag is a run-time field).
+        constexpr bool kCanLean = Op::kStreams == 1 && sizeof(typename Op::In) == 2 && kVec > 1 &&
+                                  kRegPacks == kLeanRegPacks;
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
+          if (plan.lean) {
+            if constexpr (kCanLean) {
+              return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, false, true>, args);
+            } else {
+              return cudaErrorInvalidValue;  // never planned: see lean_rows
+            }
+          }
           if (plan.stream_rest) {
             if constexpr (kCanStream) {
               return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, true>, args);
@@ -99,6 +110,7 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
                                  const SoftmaxPointers& ptrs, cudaStream_t stream) {
   const bool grid_group = plan.kernel == SoftmaxKernel::kGridOnePass;
   if (plan.cluster < 1 || plan.grid % plan.cluster != 0) return cudaErrorInvalidValue;
+  if (plan.lean && (plan.threads > kLeanCtaThreads || plan.cluster != 1 || plan.smem_packs != 0)) return cudaErrorInvalidValue;
   if (grid_group && (plan.cluster != 1 || plan.chunks < 1 || plan.grid % plan.chunks != 0 || ptrs.workspace == nullptr)) {
     return cudaErrorInvalidValue;
   }

@@ -119,8 +119,69 @@ struct BlockOptions {
 // thread's own PREG slots per stream); the next iteration reads it from there instead of from DRAM. A
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
-template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false>
-__global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
+//
+// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
+// thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
+// output (exp_once_rows). The online (max, sum) form of the other instances takes each exponential twice
+// (sum, then output): at 16 bits that second MUFU + FADD + FMUL per element is what separates softmax (2048 x
+// 4096 fp16 0.76 of copy on H200) from log_softmax (0.86-0.90), whose output needs no exponential; Liger's
+// Triton kernel, which keeps exp(x - max) in registers, reached 0.92-0.98 in the same bench runs. Compiled for
+// up to kLeanCtaThreads threads at kLeanMinCtas CTAs per SM (<= 32 registers).
+template <typename Op, int VEC, int PREG>
+__device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  using PackIn = Pack<In, VEC>;
+  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "16-bit forward rows");
+  __shared__ float scratch[2][kWarpSize];  // max, then sum (block_all_reduce ends with a barrier)
+  if (args.op.log) __trap();  // dispatcher bug guard: log_softmax's output is no exponential
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  const int64_t n_packs = args.n / VEC;
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+    const In* in = args.in[0] + row * args.n;
+    float v[PREG][VEC];
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = static_cast<int64_t>(p) * threads + tid;
+      const PackIn pack = k < n_packs ? load_vec<In, VEC>(in + k * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[p][j] = cached_element<float>(pack, j);
+    }
+    float m = negative_infinity<float>();
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = row_max(m, v[p][j]);
+    }
+    m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
+    // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
+    float sum = 0.0f;
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[p][j] = ExpMath<float>::exp_from(v[p][j], m);
+        sum += v[p][j];
+      }
+    }
+    sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
+    const float inv_sum = ExpMath<float>::reciprocal(sum);
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = static_cast<int64_t>(p) * threads + tid;
+      if (k < n_packs) {
+        Pack<Out, VEC> result;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(v[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
+        store_vec<Out, VEC>(args.out + row * args.n + k * VEC, result);
+      }
+    }
+  }
+}
+
+template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false>
+__global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -129,6 +190,10 @@ __global__ void __launch_bounds__(kBlockKernelMaxThreads, 1)
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
+  if constexpr (kLean) {
+    exp_once_rows<Op, VEC, PREG>(args);
+    return;
+  }
 
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   PackIn* const spill = reinterpret_cast<PackIn*>(dynamic_smem);  // [S][smem_packs][T]

@@ -49,6 +49,9 @@ struct Heuristics {
   // Rows that would take the warp kernel but are this few per SM spread over a CTA (spread_small_rows).
   static constexpr int64_t kSmallRowsPerSm = 2;
   static constexpr int kSmallRowSpreadThreads = 256;
+  // Many 16-bit rows of kLeanMinPacks..kLeanCtaThreads x kLeanRegPacks packs (2048-8192 columns) take the
+  // block kernel's lean instance: a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
+  static constexpr int64_t kLeanMinPacks = 256;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -341,6 +344,7 @@ class Chooser {
     if (p_.inner > 1) return ok(plan_strided(p_, props_), "the reduced dim is not the last one (inner size " +
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
+    if (auto lean = lean_rows()) return *lean;
     const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
       if (auto spread = spread_small_rows()) return *spread;
@@ -438,6 +442,31 @@ class Chooser {
       }
     }
     return std::nullopt;
+  }
+
+  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
+  // SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
+  // in registers (the lean instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
+  // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
+  // 0.77-0.81, 4096 x 4096 0.79-0.82, against Liger's Triton kernel at 0.92-0.98, 0.97-1.00, 0.97-1.02. The
+  // same lean CTA shape with the twice-taken exponentials was slower still (0.73, 0.67, 0.69: results
+  // *session5-ab-lean-block-*.json).
+  std::optional<SoftmaxChoice> lean_rows() {
+    if (p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    if (g_.rows < props_.sm_count) return std::nullopt;
+    if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
+      return std::nullopt;
+    }
+    SoftmaxPlan plan;
+    plan.kernel = SoftmaxKernel::kBlockOnePass;
+    plan.vec = g_.vec;
+    plan.threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
+    plan.reg_packs = kLeanRegPacks;
+    plan.lean = true;
+    plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
+    return ok(plan, "many rows of " + kib(g_.row_bytes) + " (16-bit, " + std::to_string(p_.n) + " columns): a CTA " +
+                        "per row, " + std::to_string(kLeanRegPacks) + " packs per thread, max first, then each " +
+                        "exp(x - max) taken once and kept in registers for the sum and the output");
   }
 
   // Few 16-bit warp-sized rows that would need 8 packs per lane (a few warps per SM): nothing hides a lane's
@@ -557,14 +586,14 @@ class Chooser {
                              static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
       return props_.sm_count * (shares_sm ? 2 : 1) / plan.cluster;
     }
-    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool, bool>;
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool, bool, bool>;
     static std::mutex mutex;
     static std::map<Key, int> known;
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return 0;
     const Key key{device,      static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
                   plan.vec,    plan.reg_packs,                plan.threads,                   plan.smem_bytes,
-                  plan.cluster, plan.prefetch, plan.stream_rest};
+                  plan.cluster, plan.prefetch, plan.stream_rest, plan.lean};
     std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
     if (it == known.end()) it = known.emplace(key, softmax_max_resident(p_, plan, props_.sm_count)).first;
@@ -713,6 +742,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       if (plan.prefetch) s += ", next row prefetched into shared memory";
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
+      if (plan.lean) s += ", lean instance (max first, exp once)";
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +

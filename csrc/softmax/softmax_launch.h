@@ -55,12 +55,17 @@ struct SoftmaxPlan {
   size_t workspace_bytes = 0;  // split_row, grid_onepass: the per-chunk partials, allocated by the caller
   bool prefetch = false;    // block: each CTA's next row streams into shared memory (smem_bytes) meanwhile
   bool stream_rest = false; // grid_onepass: a chunk exceeds the cache; its rest is read twice from global memory
+  bool lean = false;        // block: the <= 32-register instance (kLean), kLeanRegPacks packs per thread
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
 constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 registers per thread
+// The block kernel's lean instance (kLean): CTAs of up to 512 threads, 4 per SM, <= 32 registers per thread.
+constexpr int kLeanCtaThreads = 512;
+constexpr int kLeanMinCtas = 4;
+constexpr int kLeanRegPacks = 2;
 constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
 
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
