@@ -60,6 +60,17 @@ def main() -> None:
                 streamed += 1
     print(f"grid_onepass streaming chunks: {streamed} runs")
 
+    # The automatic plans of few rows (a cluster of 16 CTAs, relaxed exit barrier) and of many 16-bit rows
+    # (the lean exp-once block instance), at a bucket edge and a ragged size each.
+    automatic = 0
+    for shape, dtype, plan in [((3, 16384), torch.float16, "cluster_onepass"), ((3, 131072), torch.bfloat16, "cluster_onepass"),
+                               ((150, 2056), torch.float16, "lean instance"), ((140, 8192), torch.bfloat16, "lean instance")]:
+        assert plan in softmax_ops.explain(shape, dtype, op="softmax"), (shape, dtype)
+        softmax_fwd_bwd((torch.randn(shape, device="cuda") * 3).to(dtype))
+        torch.cuda.synchronize()
+        automatic += 1
+    print(f"automatic cluster / lean plans: {automatic} runs")
+
     for family, call in [("softmax", softmax_fwd_bwd), ("softmax_backward", softmax_fwd_bwd),
                          ("topk", topk_fwd_bwd), ("topk_backward", topk_fwd_bwd)]:
         ran, skipped = run_family(family, call)
