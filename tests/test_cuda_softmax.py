@@ -410,7 +410,8 @@ def test_autograd_end_to_end(dtype, op):
 GRID_STRIDE_CASES = [
     ("warp", (2_100_003, 2)),
     ("block_onepass", (200_003, 8)),
-    ("cluster_onepass", (40_003, 8)),  # clusters of 2 CTAs, 33792 of them: the cluster barrier across rows
+    ("cluster_onepass", (101_003, 8)),  # clusters of 2 CTAs, 33792 of them, up to 3 rows each: the cluster
+                                        # barrier across rows and the reuse of its double buffer
     ("two_pass", (200_003, 8)),
     ("split_row", (200_003, 64)),
     ("strided", (400_003, 3, 2)),
@@ -498,21 +499,36 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 
 
+def lean_rows() -> int:
+    """Rows enough for the lean plan (at least one per SM)."""
+    return max(150, sm_count() + 18)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype", [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)])
 @pytest.mark.parametrize("n", LEAN_SIZES)
 def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
-    x = make_input((150, n), in_dtype, seed=n)
+    x = make_input((lean_rows(), n), in_dtype, seed=n)
     assert ("lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)) == (op == "softmax")
     check_forward(op, x, -1, out_dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
+def test_lean_block_rows_grid_stride(shape, dtype):
+    """More rows than the lean plan's grid (8 waves of resident CTAs): CTAs loop over rows, reusing their
+    reduction scratch."""
+    x = make_input(shape, dtype, seed=shape[0])
+    assert "lean instance" in softmax_ops.explain(shape, dtype, op="softmax")
+    check_forward("softmax", x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_lean_block_rows_special_values(dtype):
-    """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (many rows: the special rows
-    repeated down a 150-row batch)."""
-    rows = special_rows(4096, dtype)
-    x = rows.repeat(-(-150 // rows.shape[0]), 1)[:150].contiguous()
+    """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (the special rows repeated
+    down the batch), n = 513 packs so that the -inf padding of the last pack's threads meets them too."""
+    rows = special_rows(4104, dtype)
+    x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op="softmax")
     check_forward("softmax", x)
 

@@ -38,6 +38,20 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
     assert ctas > 16 * shape[0], line  # more CTAs per row than the largest cluster (16)
 
 
+@pytest.mark.parametrize("shape,dtype,kernel", [
+    ((4, 16384), torch.float16, "cluster_onepass"),   # rows of <= 256 KB: a cluster of 16 first
+    ((4, 65536), torch.float32, "cluster_onepass"),
+    ((4, 114688), torch.bfloat16, "cluster_onepass"),
+    ((4, 131080), torch.float16, "grid_onepass"),     # 256 KB + one pack: the grid group
+    ((3, 100003), torch.float16, "grid_onepass"),     # single elements: the grid group (measured faster)
+])
+def test_few_rows_up_to_256kb_take_a_cluster_of_16_first(shape, dtype, kernel):
+    line = plan_line(shape, dtype)
+    assert f"kernel {kernel}:" in line, line
+    if kernel == "cluster_onepass":
+        assert "clusters of 16 CTAs per row" in line, line
+
+
 @pytest.mark.parametrize("shape,dtype,prefetched", [
     ((2048, 16384), torch.float16, True),
     ((1024, 12000), torch.bfloat16, True),

@@ -138,6 +138,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
   const int64_t n_packs = args.n / VEC;
+  if (static_cast<int64_t>(threads) * PREG < n_packs) __trap();  // dispatcher bug guard: a row must fit
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
     const In* in = args.in[0] + row * args.n;
     float v[PREG][VEC];
@@ -350,8 +351,9 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
       acc = row_result[parity];
     } else if (cluster.size > 1) {
       if (tid == 0) cluster_result[parity] = acc;
-      // The previous row's "done reading" arrival must complete before this CTA arrives again; it also
-      // tells that every peer has read cluster_result[parity] of two rows ago, which was just overwritten.
+      // The previous row's "done reading" arrival must complete before this CTA arrives again. (Overwriting
+      // cluster_result[parity], last read two rows ago, is safe already: every peer read it before it arrived
+      // at the previous row's full cluster barrier.)
       if (peers_reading) cluster_wait();
       cluster_barrier();
       if (tid < kWarpSize) {
