@@ -350,8 +350,9 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
       acc = row_result[parity];
     } else if (cluster.size > 1) {
       if (tid == 0) cluster_result[parity] = acc;
-      // The previous row's "done reading" arrival must complete before this CTA arrives again; it also
-      // tells that every peer has read cluster_result[parity] of two rows ago, which was just overwritten.
+      // The previous row's "done reading" arrival must complete before this CTA arrives again. (Overwriting
+      // cluster_result[parity], last read two rows ago, was safe already: every peer read it before it
+      // arrived at the previous row's full cluster barrier.)
       if (peers_reading) cluster_wait();
       cluster_barrier();
       if (tid < kWarpSize) {

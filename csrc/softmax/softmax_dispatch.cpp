@@ -398,12 +398,12 @@ class Chooser {
       }
     }
     if (worth_splitting) {
+      const bool cluster_first =
+          g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * Heuristics::kClusterFirstMaxChunkBytes;
       std::optional<SoftmaxChoice> choice;
-      if (g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * Heuristics::kClusterFirstMaxChunkBytes) {
-        choice = widest_cluster();
-      }
+      if (cluster_first) choice = widest_cluster();
       if (!choice) choice = grid_group(/*forced=*/false);
-      if (!choice) choice = widest_cluster();
+      if (!choice && !cluster_first) choice = widest_cluster();
       if (!choice) choice = try_clusters(2, /*exclusive=*/false);
       if (!choice) choice = try_clusters(2, /*exclusive=*/true);
       if (!choice) choice = grid_group_streamed(/*forced=*/false);
@@ -457,11 +457,8 @@ class Chooser {
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
-    SoftmaxPlan plan;
-    plan.kernel = SoftmaxKernel::kBlockOnePass;
-    plan.vec = g_.vec;
-    plan.threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
-    plan.reg_packs = kLeanRegPacks;
+    const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
+    SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, kLeanRegPacks, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
     return ok(plan, "many rows of " + kib(g_.row_bytes) + " (16-bit, " + std::to_string(p_.n) + " columns): a CTA " +
