@@ -138,6 +138,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
   const int64_t n_packs = args.n / VEC;
+  if (static_cast<int64_t>(threads) * PREG < n_packs) __trap();  // dispatcher bug guard: a row must fit
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
     const In* in = args.in[0] + row * args.n;
     float v[PREG][VEC];
@@ -243,6 +244,12 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
   };
   bool row_prefetched = false;  // this row is in the prefetch buffer
 
+  // The prefetching and the streaming instances never run in a cluster (the dispatcher plans them with one CTA
+  // per row group; the grid group is not a cluster): the cluster exchange is compiled out of them, which keeps
+  // its barrier state from costing their register allocation (the bfloat16 prefetching instance spilled 12
+  // bytes with it, none without).
+  constexpr bool kClusterCapable = !kPrefetch && !kStreamRest;
+  if (!kClusterCapable && !in_grid_group && cluster.size > 1) __trap();  // dispatcher bug guard
   int parity = 0;
   bool peers_reading = false;  // an arrival of cluster_arrive_relaxed awaits its cluster_wait
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
@@ -348,7 +355,7 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
       }
       __syncthreads();
       acc = row_result[parity];
-    } else if (cluster.size > 1) {
+    } else if (kClusterCapable && cluster.size > 1) {
       if (tid == 0) cluster_result[parity] = acc;
       // The previous row's "done reading" arrival must complete before this CTA arrives again. (Overwriting
       // cluster_result[parity], last read two rows ago, was safe already: every peer read it before it

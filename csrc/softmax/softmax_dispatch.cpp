@@ -452,7 +452,8 @@ class Chooser {
   // same lean CTA shape with the twice-taken exponentials was slower still (0.73, 0.67, 0.69: results
   // *session5-ab-lean-block-*.json).
   std::optional<SoftmaxChoice> lean_rows() {
-    if (p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
+    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
