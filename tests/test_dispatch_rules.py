@@ -71,9 +71,13 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
-    ((2048, 4096), torch.float32, False),
+    ((2048, 4096), torch.float32, True),      # float rows of 512..1024 packs too
+    ((4096, 2048), torch.float32, True),
+    ((2048, 1024), torch.float32, False),     # 256 packs: the warp kernel
+    ((2048, 8192), torch.float32, False),     # 2048 packs
+    ((2048, 4096), torch.float64, False),
 ])
-def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
+def test_many_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
     assert "lean instance" not in plan_line(shape, dtype, "log_softmax")  # its output needs no exponential
     line = plan_line(shape, dtype)
     assert ("lean instance" in line) == lean, line
@@ -92,6 +96,20 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
     assert f"kernel {kernel}:" in line, line
     if packs is not None:
         assert f"{packs} pack(s) per thread" in line, line
+
+
+@pytest.mark.parametrize("rows,lanes,threads", [
+    (128, 32, 32),      # one row per warp: 128 CTAs of one warp, not 32 of four
+    (300, 32, 64),      # 150 CTAs of two warps
+    (1000, 32, 128),    # enough rows for CTAs of four warps on every SM
+    (2000, 4, 32),      # 8 rows per warp (4 lanes each): 250 warps -> CTAs of one warp
+    (65536, 2, 128),
+])
+def test_few_warp_rows_spread_over_more_smaller_ctas(rows, lanes, threads):
+    n = {32: 1024, 4: 128, 2: 64}[lanes]
+    line = plan_line((rows, n), torch.float16)
+    assert "kernel warp:" in line and f"{lanes} lane(s) per row" in line, line
+    assert f" x {threads} threads" in line, line
 
 
 def test_forced_grid_onepass_names_its_limit():

@@ -120,7 +120,7 @@ struct BlockOptions {
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
 //
-// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
+// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns or float rows of 2-4K: a CTA per row, kLeanRegPacks packs per
 // thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
 // output (exp_once_rows). The online (max, sum) form of the other instances takes each exponential twice
 // (sum, then output): at 16 bits that second MUFU + FADD + FMUL per element is what separates softmax (2048 x
@@ -132,7 +132,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using PackIn = Pack<In, VEC>;
-  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "16-bit forward rows");
+  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward rows with float math");
   __shared__ float scratch[2][kWarpSize];  // max, then sum (block_all_reduce ends with a barrier)
   if (args.op.log) __trap();  // dispatcher bug guard: log_softmax's output is no exponential
   const int threads = blockDim.x;

@@ -52,6 +52,8 @@ struct Heuristics {
   // Many 16-bit rows of kLeanMinPacks..kLeanCtaThreads x kLeanRegPacks packs (2048-8192 columns) take the
   // block kernel's lean instance: a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
   static constexpr int64_t kLeanMinPacks = 256;
+  // ... and float rows of 2048-4096 columns (512..1024 packs; shorter ones stay on the warp kernel).
+  static constexpr int64_t kLeanMinPacksFloat = 512;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -195,8 +197,14 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     plan.lanes_per_row = 32;
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
   }
-  const int64_t rows_per_cta = (kWarpKernelThreads / 32) * (32 / plan.lanes_per_row);
-  plan.grid = std::min(ceil_div(g.rows, rows_per_cta), grid_cap(props, plan.threads));
+  // Fewer rows than SMs x 4 warps: CTAs of fewer warps, so the rows spread over more SMs. 128 x 1024 (one row
+  // per warp) ran on 32 SMs in CTAs of 4 warps, each SM's share of the loads and stores queued behind one
+  // another, and torch.compile (a CTA per row) was 1.4-1.5x faster there at 16 and 32 bits (H200, 2026-11-22).
+  const int64_t rows_per_warp = 32 / plan.lanes_per_row;
+  int warps = kWarpKernelThreads / 32;
+  while (warps > 1 && ceil_div(g.rows, warps * rows_per_warp) < props.sm_count) warps /= 2;
+  plan.threads = warps * 32;
+  plan.grid = std::min(ceil_div(g.rows, warps * rows_per_warp), grid_cap(props, plan.threads));
   return plan;
 }
 
@@ -444,8 +452,8 @@ class Chooser {
     return std::nullopt;
   }
 
-  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
-  // SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
+  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns, or float rows of 2048-4096 (16-byte
+  // packs, at least one row per SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
   // in registers (the lean instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
   // 0.77-0.81, 4096 x 4096 0.79-0.82, against Liger's Triton kernel at 0.92-0.98, 0.97-1.00, 0.97-1.02. The
@@ -453,16 +461,17 @@ class Chooser {
   // *session5-ab-lean-block-*.json).
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes == 8 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
+    const int64_t min_packs = g_.in_bytes == 2 ? Heuristics::kLeanMinPacks : Heuristics::kLeanMinPacksFloat;
+    if (g_.n_packs < min_packs || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, kLeanRegPacks, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    return ok(plan, "many rows of " + kib(g_.row_bytes) + " (16-bit, " + std::to_string(p_.n) + " columns): a CTA " +
+    return ok(plan, "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA " +
                         "per row, " + std::to_string(kLeanRegPacks) + " packs per thread, max first, then each " +
                         "exp(x - max) taken once and kept in registers for the sum and the output");
   }

@@ -167,11 +167,14 @@ struct ForwardOp {
 // softmax_backward / log_softmax_backward. Streams: v[0] = grad_output, v[1] = output.
 //   softmax:     grad_input = y * (g - sum(g * y))
 //   log_softmax: grad_input = g - exp(y) * sum(g)
-// The sum is accumulated in double whatever the input: log_softmax_backward multiplies it by exp(y), so its
-// error reaches the result amplified by up to |sum(g)| ~ sqrt(n); an fp32 sum of 1e5 terms is only as good
-// as torch's own, which made "within 2x of torch's error" a coin toss per input (measured on H200,
-// n = 45052 / 100003). Products of two floats are exact in double; the conversions and DADDs cost nothing
-// next to the memory traffic (~1 element per SM clock at full bandwidth).
+// The sum is carried in double across calls of accumulate (a thread's cache, or one streaming step: at most
+// a few hundred elements), and within one call in kIlp float chains. Why double at all: log_softmax_backward
+// multiplies the sum by exp(y), so its error reaches the result amplified by up to |sum(g)| ~ sqrt(n); an fp32
+// sum of 1e5 terms is only as good as torch's own, which made "within 2x of torch's error" a coin toss per
+// input (measured on H200, n = 45052 / 100003). Why float inside a call: a conversion to or from double runs
+// at 16 per clock per SM on Hopper, as slow as an exponential; one per element (two for softmax_backward) made
+// the 16-bit backward instruction-bound. A float chain of a call sums at most ~100 terms (error ~1e-7 of their
+// magnitude), and g * y of 16-bit inputs is exact in float.
 template <typename In_, typename Out_>
 struct BackwardOp {
   using In = In_;
@@ -191,13 +194,16 @@ struct BackwardOp {
 
   template <int Chains = kIlp, typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    double sums[Chains] = {};  // see ForwardOp::accumulate
+    C sums[Chains] = {};  // see ForwardOp::accumulate, and above: float within the call, double across calls
     if (log) {
-      visit([&](const C* v, int j) { sums[j % Chains] += static_cast<double>(v[0]); });
+      visit([&](const C* v, int j) { sums[j % Chains] += v[0]; });
     } else {
-      visit([&](const C* v, int j) { sums[j % Chains] += static_cast<double>(v[0]) * static_cast<double>(v[1]); });
+      visit([&](const C* v, int j) { sums[j % Chains] = fma(v[0], v[1], sums[j % Chains]); });
     }
-    return acc + reduce_ilp(sums, [](double a, double b) { return a + b; });
+    double total = acc;
+#pragma unroll
+    for (int i = 0; i < Chains; ++i) total += static_cast<double>(sums[i]);
+    return total;
   }
 
   static __device__ __forceinline__ Acc merge(Acc a, Acc b) { return a + b; }
@@ -241,6 +247,14 @@ template <typename Op, typename Acc>
 __device__ __forceinline__ Acc warp_all_reduce(Acc acc, int width) {
   for (int offset = width / 2; offset > 0; offset /= 2) acc = Op::merge(acc, shfl_xor(acc, offset, width));
   return acc;
+}
+
+// The same butterfly for one float or double and any commutative `combine` (max or sum of the exp-once
+// kernels): both lanes of a pair compute combine(a, b) and combine(b, a), bitwise equal for max and +.
+template <typename C, typename Combine>
+__device__ __forceinline__ C warp_all_reduce_with(C v, int width, Combine&& combine) {
+  for (int offset = width / 2; offset > 0; offset /= 2) v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset, width));
+  return v;
 }
 
 // All-reduce over the CTA. `partials` holds 2 x 32 Acc in shared memory; `parity` alternates between

@@ -8,12 +8,67 @@
 //     lanes read consecutive 16-byte packs: one coalesced 512-byte access per pack index and warp.
 //
 // Reductions are butterflies over the L lanes of a row (shuffle width L). The grid strides over groups of
-// rows (a block of 4 warps holds 4 * 32 / L rows per step).
+// rows (a CTA of W warps holds W * 32 / L rows per step; few rows get CTAs of 1-2 warps, see plan_warp).
+//
+// Softmax (not log_softmax) takes each exponential ONCE where the floats fit beside the cache (float rows:
+// in place of it; 16-bit rows of up to 4 packs per lane): the row max first, then exp(x - max) kept in
+// registers for the sum and the output (exp_once_row). The online (max, sum) form takes it twice, and at 16
+// exponentials per clock per SM (Hopper) the second one is most of a short row's math: the warp kernel's rows
+// were the shapes torch.compile still won (2048 x 1024 16-bit, 65536 x 64, 1000 x 1000; H200, 2026-11-22).
 #pragma once
 
 #include "softmax_kernel_common.cuh"
 
 namespace softmax_ops::detail {
+
+// Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
+template <typename Op, int VEC, int PACKS>
+__device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
+                                             int lane_in_row, int64_t n_packs, bool row_valid,
+                                             typename Op::Out* out) {
+  using Out = typename Op::Out;
+  float e[PACKS][VEC];
+  float maxes[kIlp];  // independent chains, see ForwardOp::accumulate
+#pragma unroll
+  for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
+#pragma unroll
+  for (int p = 0; p < PACKS; ++p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      e[p][j] = cached_element<float>(cache[p], j);
+      maxes[j % kIlp] = row_max(maxes[j % kIlp], e[p][j]);
+    }
+  }
+  const float m = warp_all_reduce_with(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }), lanes,
+                                       [](float a, float b) { return row_max(a, b); });
+  // A NaN or +inf in the row makes the sum NaN, an all -inf row exp(NaN): every output NaN, as torch.
+  float sums[kIlp] = {};
+#pragma unroll
+  for (int p = 0; p < PACKS; ++p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      e[p][j] = ExpMath<float>::exp_from(e[p][j], m);
+      sums[j % kIlp] += e[p][j];
+    }
+  }
+  const float sum = warp_all_reduce_with(reduce_ilp(sums, [](float a, float b) { return a + b; }), lanes,
+                                         [](float a, float b) { return a + b; });
+  const float inv_sum = ExpMath<float>::reciprocal(sum);
+#pragma unroll
+  for (int p = 0; p < PACKS; ++p) {
+    const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
+    if (row_valid && k < n_packs) {
+      Pack<Out, VEC> result;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(e[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
+      store_vec<Out, VEC>(out + k * VEC, result);
+    }
+  }
+}
+
+// Forward float math with at most 32 floats of exponentials per lane (16-bit: <= 4 packs; float: the cache).
+template <typename Op, int VEC, int PACKS>
+constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
 
 template <typename Op, int VEC, int PACKS>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
@@ -48,6 +103,13 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
         } else {
           cache[s][p] = filled_pack<In, VEC>(Op::pad(s));
         }
+      }
+    }
+
+    if constexpr (kWarpExpOnce<Op, VEC, PACKS>) {
+      if (!op.log) {
+        exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset);
+        continue;
       }
     }
 
