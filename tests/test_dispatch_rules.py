@@ -71,13 +71,10 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
-    ((2048, 4096), torch.float32, True),      # float rows of 512..1024 packs too
-    ((4096, 2048), torch.float32, True),
-    ((2048, 1024), torch.float32, False),     # 256 packs: the warp kernel
-    ((2048, 8192), torch.float32, False),     # 2048 packs
+    ((2048, 4096), torch.float32, False),     # measured slower for float rows
     ((2048, 4096), torch.float64, False),
 ])
-def test_many_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
+def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
     assert "lean instance" not in plan_line(shape, dtype, "log_softmax")  # its output needs no exponential
     line = plan_line(shape, dtype)
     assert ("lean instance" in line) == lean, line

@@ -29,9 +29,8 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
-        // The lean instance: forward, float math (16-bit or float inputs), 16-byte packs, kLeanRegPacks (see
-        // lean_rows; softmax only, which the dispatcher checks: the op's log flag is a run-time field).
-        constexpr bool kCanLean = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && kVec > 1 &&
+        // The lean instance: forward, 16-bit inputs, 16-byte packs, kLeanRegPacks (see lean_rows).
+        constexpr bool kCanLean = Op::kStreams == 1 && sizeof(typename Op::In) == 2 && kVec > 1 &&
                                   kRegPacks == kLeanRegPacks;
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {

@@ -120,7 +120,7 @@ struct BlockOptions {
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
 //
-// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns or float rows of 2-4K: a CTA per row, kLeanRegPacks packs per
+// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
 // thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
 // output (exp_once_rows). The online (max, sum) form of the other instances takes each exponential twice
 // (sum, then output): at 16 bits that second MUFU + FADD + FMUL per element is what separates softmax (2048 x

@@ -52,8 +52,6 @@ struct Heuristics {
   // Many 16-bit rows of kLeanMinPacks..kLeanCtaThreads x kLeanRegPacks packs (2048-8192 columns) take the
   // block kernel's lean instance: a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
   static constexpr int64_t kLeanMinPacks = 256;
-  // ... and float rows of 2048-4096 columns (512..1024 packs; shorter ones stay on the warp kernel).
-  static constexpr int64_t kLeanMinPacksFloat = 512;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -452,19 +450,20 @@ class Chooser {
     return std::nullopt;
   }
 
-  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns, or float rows of 2048-4096 (16-byte
-  // packs, at least one row per SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
+  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
+  // SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
   // in registers (the lean instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
   // 0.77-0.81, 4096 x 4096 0.79-0.82, against Liger's Triton kernel at 0.92-0.98, 0.97-1.00, 0.97-1.02. The
   // same lean CTA shape with the twice-taken exponentials was slower still (0.73, 0.67, 0.69: results
-  // *session5-ab-lean-block-*.json).
+  // *session5-ab-lean-block-*.json). Float rows of 2048-4096 columns through the same instance (session 6 A/B,
+  // two runs each): 2048 x 2048 0.94 -> 1.00, but 4096 x 4096 0.95 -> 0.92 and 32768 x 2048 0.98 -> 0.95; not
+  // taken.
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes == 8 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    const int64_t min_packs = g_.in_bytes == 2 ? Heuristics::kLeanMinPacks : Heuristics::kLeanMinPacksFloat;
-    if (g_.n_packs < min_packs || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
+    if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));

@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "softmax_ops/device_utils.cuh"
 
@@ -167,14 +168,15 @@ struct ForwardOp {
 // softmax_backward / log_softmax_backward. Streams: v[0] = grad_output, v[1] = output.
 //   softmax:     grad_input = y * (g - sum(g * y))
 //   log_softmax: grad_input = g - exp(y) * sum(g)
-// The sum is carried in double across calls of accumulate (a thread's cache, or one streaming step: at most
-// a few hundred elements), and within one call in kIlp float chains. Why double at all: log_softmax_backward
-// multiplies the sum by exp(y), so its error reaches the result amplified by up to |sum(g)| ~ sqrt(n); an fp32
-// sum of 1e5 terms is only as good as torch's own, which made "within 2x of torch's error" a coin toss per
-// input (measured on H200, n = 45052 / 100003). Why float inside a call: a conversion to or from double runs
-// at 16 per clock per SM on Hopper, as slow as an exponential; one per element (two for softmax_backward) made
-// the 16-bit backward instruction-bound. A float chain of a call sums at most ~100 terms (error ~1e-7 of their
-// magnitude), and g * y of 16-bit inputs is exact in float.
+// The sum is accumulated in double for float inputs: log_softmax_backward multiplies it by exp(y), so its
+// error reaches the result amplified by up to |sum(g)| ~ sqrt(n); an fp32 sum of 1e5 terms is only as good as
+// torch's own, which made "within 2x of torch's error" a coin toss per input (measured on H200, n = 45052 /
+// 100003; float chains of ~11 terms per thread, then double, still gave 3.5e-6 against torch's 1.0e-6 at
+// n = 45052). 16-bit inputs sum in float within one call of accumulate (a thread's cache or one streaming
+// step) and in double across calls: a 16-bit value, and g * y of two, is exact in float, and a conversion to
+// or from double runs at 16 per clock per SM on Hopper, as slow as an exponential; one per element (two for
+// softmax_backward) made the 16-bit backward instruction-bound (H200, 2026-11-22, A/B: softmax_backward 16-bit
+// block shapes +0.03..+0.07 of copy).
 template <typename In_, typename Out_>
 struct BackwardOp {
   using In = In_;
@@ -194,11 +196,15 @@ struct BackwardOp {
 
   template <int Chains = kIlp, typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {
-    C sums[Chains] = {};  // see ForwardOp::accumulate, and above: float within the call, double across calls
+    // Chain type: float for 16-bit inputs, double otherwise (see above).
+    using Chain = std::conditional_t<sizeof(In) == 2, float, double>;
+    Chain sums[Chains] = {};  // independent chains, see ForwardOp::accumulate
     if (log) {
-      visit([&](const C* v, int j) { sums[j % Chains] += v[0]; });
+      visit([&](const C* v, int j) { sums[j % Chains] += static_cast<Chain>(v[0]); });
     } else {
-      visit([&](const C* v, int j) { sums[j % Chains] = fma(v[0], v[1], sums[j % Chains]); });
+      visit([&](const C* v, int j) {
+        sums[j % Chains] = fma(static_cast<Chain>(v[0]), static_cast<Chain>(v[1]), sums[j % Chains]);
+      });
     }
     double total = acc;
 #pragma unroll
