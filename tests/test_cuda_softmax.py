@@ -495,7 +495,7 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 
 
 # The lean block instance (softmax of many 16-bit rows of 256..1024 packs, 2 packs per thread, exp taken once):
-# its bounds and sizes between buckets, every 16-bit input's dtype pairs; log_softmax keeps the other path.
+# its bounds and sizes between buckets, every 16-bit input's dtype pairs, softmax and log_softmax.
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 
 
@@ -509,28 +509,30 @@ def lean_rows() -> int:
 @pytest.mark.parametrize("n", LEAN_SIZES)
 def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
     x = make_input((lean_rows(), n), in_dtype, seed=n)
-    assert ("lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)) == (op == "softmax")
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)
     check_forward(op, x, -1, out_dtype)
 
 
+@pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
-def test_lean_block_rows_grid_stride(shape, dtype):
+def test_lean_block_rows_grid_stride(shape, dtype, op):
     """More rows than the lean plan's grid (8 waves of resident CTAs): CTAs loop over rows, reusing their
     reduction scratch."""
     x = make_input(shape, dtype, seed=shape[0])
-    assert "lean instance" in softmax_ops.explain(shape, dtype, op="softmax")
-    check_forward("softmax", x)
+    assert "lean instance" in softmax_ops.explain(shape, dtype, op=op)
+    check_forward(op, x)
 
 
+@pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype,n", [(torch.float16, 4104), (torch.bfloat16, 4104)])
-def test_lean_block_rows_special_values(dtype, n):
+def test_lean_block_rows_special_values(dtype, n, op):
     """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (the special rows repeated
     down the batch), n = 513 packs so that the -inf padding of the last pack's threads meets them too."""
     rows = special_rows(n, dtype)
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
-    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op="softmax")
-    check_forward("softmax", x)
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
+    check_forward(op, x)
 
 
 @pytest.mark.parametrize("op", list(OPS))

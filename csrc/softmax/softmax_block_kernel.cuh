@@ -120,13 +120,16 @@ struct BlockOptions {
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
 //
-// kLean (softmax, not log_softmax, of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
+// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
 // thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
-// output (exp_once_rows). The online (max, sum) form of the other instances takes each exponential twice
-// (sum, then output): at 16 bits that second MUFU + FADD + FMUL per element is what separates softmax (2048 x
-// 4096 fp16 0.76 of copy on H200) from log_softmax (0.86-0.90), whose output needs no exponential; Liger's
-// Triton kernel, which keeps exp(x - max) in registers, reached 0.92-0.98 in the same bench runs. Compiled for
-// up to kLeanCtaThreads threads at kLeanMinCtas CTAs per SM (<= 32 registers).
+// output (exp_once_rows; log_softmax keeps x instead, its output (x - max) - log(sum) needs no exponential).
+// The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
+// bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on
+// H200) from log_softmax (0.86-0.90); Liger's Triton kernel, which keeps exp(x - max) in registers, reached
+// 0.92-0.98 in the same bench runs. log_softmax gains from the CTA shape and the max-first order alone (no
+// per-chunk rescale, 2048 threads per SM): H200, 2026-11-22, two interleaved A/B runs, 2048 x 2048 .. 32768 x
+// 2048 16-bit +0.03..+0.12 of copy in all 10 cases (*session6-ab-log-lean-*.json). Compiled for up to
+// kLeanCtaThreads threads at kLeanMinCtas CTAs per SM (<= 32 registers).
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
@@ -134,7 +137,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   using PackIn = Pack<In, VEC>;
   static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward rows with float math");
   __shared__ float scratch[2][kWarpSize];  // max, then sum (block_all_reduce ends with a barrier)
-  if (args.op.log) __trap();  // dispatcher bug guard: log_softmax's output is no exponential
+  const bool log = args.op.log;
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
   const int64_t n_packs = args.n / VEC;
@@ -157,24 +160,28 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
     }
     m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
     // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
+    // softmax keeps the exponentials (its output), log_softmax the inputs (its output is (x - max) - log(sum)).
     float sum = 0.0f;
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        v[p][j] = ExpMath<float>::exp_from(v[p][j], m);
-        sum += v[p][j];
+        const float e = ExpMath<float>::exp_from(v[p][j], m);
+        if (!log) v[p][j] = e;
+        sum += e;
       }
     }
     sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
     const float inv_sum = ExpMath<float>::reciprocal(sum);
+    const float log_sum = log ? ExpMath<float>::log_sum(sum) : 0.0f;
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int64_t k = static_cast<int64_t>(p) * threads + tid;
       if (k < n_packs) {
         Pack<Out, VEC> result;
+        // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(v[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
+        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(log ? (v[p][j] - m) - log_sum : v[p][j] * inv_sum);
         store_vec<Out, VEC>(args.out + row * args.n + k * VEC, result);
       }
     }

@@ -50,7 +50,7 @@ struct Heuristics {
   static constexpr int64_t kSmallRowsPerSm = 2;
   static constexpr int kSmallRowSpreadThreads = 256;
   // Many 16-bit rows of kLeanMinPacks..kLeanCtaThreads x kLeanRegPacks packs (2048-8192 columns) take the
-  // block kernel's lean instance: a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
+  // block kernel's lean instance (softmax and log_softmax): a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
   static constexpr int64_t kLeanMinPacks = 256;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
@@ -450,7 +450,7 @@ class Chooser {
     return std::nullopt;
   }
 
-  // Softmax (not log_softmax) of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
+  // Softmax and log_softmax of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
   // SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
   // in registers (the lean instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
@@ -458,10 +458,12 @@ class Chooser {
   // same lean CTA shape with the twice-taken exponentials was slower still (0.73, 0.67, 0.69: results
   // *session5-ab-lean-block-*.json). Float rows of 2048-4096 columns through the same instance (session 6 A/B,
   // two runs each): 2048 x 2048 0.94 -> 1.00, but 4096 x 4096 0.95 -> 0.92 and 32768 x 2048 0.98 -> 0.95; not
-  // taken.
+  // taken. log_softmax (session 6 A/B against the prefetching 8-pack instance, two runs each, fp16 / bf16):
+  // 2048 x 4096 0.82 / 0.82 -> 0.86 / 0.88, 4096 x 4096 0.80 / 0.77 -> 0.87 / 0.86, 32768 x 2048 0.94 / 0.88 ->
+  // 0.99 / 0.99.
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || p_.backward || p_.log || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || p_.backward || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
@@ -472,7 +474,8 @@ class Chooser {
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
     return ok(plan, "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA " +
                         "per row, " + std::to_string(kLeanRegPacks) + " packs per thread, max first, then each " +
-                        "exp(x - max) taken once and kept in registers for the sum and the output");
+                        "exp(x - max) taken once" + (p_.log ? " for the sum" : " and kept in registers for the " +
+                        std::string("sum and the output")));
   }
 
   // Few 16-bit warp-sized rows that would need 8 packs per lane (a few warps per SM): nothing hides a lane's
