@@ -376,6 +376,30 @@ def test_few_rows_dispatcher_choice(n, dtype, op):
     check_backward(op, x, -1, None)
 
 
+# Few 16-bit rows whose CTAs hold at most 2 packs per thread take each exponential once relative to the
+# thread's own max (kExpLocal in softmax_block_kernel.cuh): threads of -inf only next to a finite row max, NaN,
+# +inf, all -inf rows, in a cluster (16384, 131072 columns on an H100 / H200) and in a grid group (200000).
+# float32 rows take the online path of the same kernels: the same special values, for comparison.
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n", [16384, 131072, 200000])
+def test_few_rows_special_values(n, dtype, op):
+    x = special_rows(n, dtype).cuda()
+    plan = softmax_ops.explain(tuple(x.shape), dtype, op=op)
+    assert "kernel cluster_onepass:" in plan or "kernel grid_onepass:" in plan, plan
+    if dtype != torch.float32:
+        assert "1 pack(s) per thread in registers + 0" in plan or "2 pack(s) per thread in registers + 0" in plan, plan
+    out = check_forward(op, x)
+    if op == "softmax":
+        assert rows_exact_zero_and_one(out, x)
+    assert torch.isnan(out[2]).all()
+
+
+def rows_exact_zero_and_one(out: torch.Tensor, x: torch.Tensor) -> bool:
+    """Row 4 of special_rows is -inf but for its last entry: softmax gives exactly 0 ... 0, 1."""
+    return out[4, -1].item() == 1.0 and bool(torch.all(out[4, :-1] == 0)) and bool(torch.all(out[3][x[3] == float("-inf")] == 0))
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("forced", [None, "strided"])
 @pytest.mark.parametrize("shape,dim", STRIDED_CASES)

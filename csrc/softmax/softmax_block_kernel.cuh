@@ -136,7 +136,8 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   using Out = typename Op::Out;
   using PackIn = Pack<In, VEC>;
   static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward rows with float math");
-  __shared__ float scratch[2][kWarpSize];  // max, then sum (block_all_reduce ends with a barrier)
+  // max, then sum: each reduction's barrier also protects the other buffer's reuse (block_all_reduce_with)
+  __shared__ float scratch[2][kWarpSize];
   const bool log = args.op.log;
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
@@ -158,7 +159,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) m = row_max(m, v[p][j]);
     }
-    m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
+    m = block_all_reduce_with(m, scratch[0], negative_infinity<float>(), [](float a, float b) { return row_max(a, b); });
     // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
     // softmax keeps the exponentials (its output), log_softmax the inputs (its output is (x - max) - log(sum)).
     float sum = 0.0f;
@@ -171,7 +172,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
         sum += e;
       }
     }
-    sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
+    sum = block_all_reduce_with(sum, scratch[1], 0.0f, [](float a, float b) { return a + b; });
     const float inv_sum = ExpMath<float>::reciprocal(sum);
     const float log_sum = log ? ExpMath<float>::log_sum(sum) : 0.0f;
 #pragma unroll
@@ -346,7 +347,48 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
     // One chain for 8 cached packs of half: with more, ptxas spilled (20 bytes) under the 64-register cap,
     // and on H200 fp16 rows of 4096-8192 ran 5-8% slower than with one chain.
     constexpr int kChains = (std::is_same_v<In, __half> && PREG == 8) ? 1 : kIlp;
-    Acc acc = op.template accumulate<kChains>(Op::identity(), visit);
+    // Softmax with 16-bit output, whole chunk in at most 16 floats per thread (kExpLocal; 32 spilled 54-146
+    // bytes under the 64-register cap, nvcc 13.0 sm_90): each exponential is
+    // taken ONCE, relative to the thread's own max m_t, and kept: exp(x - M) / S = exp(x - m_t) * (exp(m_t - M)
+    // / S) with the row's (M, S) from the same single exchange. The online form takes every exponential twice,
+    // and in a group of CTAs that exchange once, every SM computes at the same time, with no other CTA's memory
+    // traffic to hide it: Nsight Compute (H200, 2026-11-22) had the exponential pipe (XU) 32-42% busy over
+    // whole few-rows launches (8 x 262144, 64 x 151936, 4 x 8388608 fp16). The two extra roundings (of
+    // exp(m_t - M) / S and of the product) are ~1e-7 relative: far below a 16-bit result's ulp, and float
+    // results keep torch's association.
+    constexpr bool kExpLocal = Op::kStreams == 1 && std::is_same_v<C, float> && sizeof(Out) == 2 && VEC > 1 &&
+                               PREG * VEC <= 16 && !kPrefetch && !kStreamRest;
+    const bool exp_local = kExpLocal && !op.log && smem_packs == 0;
+    float local_exp[kExpLocal ? PREG : 1][VEC];
+    float local_max = 0.0f;
+    Acc acc = Op::identity();
+    if constexpr (kExpLocal) {
+      if (exp_local) {
+        float maxes[kIlp];
+#pragma unroll
+        for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(cache[0][p], j));
+        }
+        local_max = reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
+        // A thread of -inf only (or padding): exponentials relative to 0 are exact zeros (relative to -inf,
+        // NaN), and (-inf, 0) is the identity. NaN / +inf make the sum NaN, as in accumulate.
+        const float shift = local_max == negative_infinity<float>() ? 0.0f : local_max;
+        float sums[kIlp] = {};
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            local_exp[p][j] = ExpMath<float>::exp_from(cached_element<float>(cache[0][p], j), shift);
+            sums[j % kIlp] += local_exp[p][j];
+          }
+        }
+        acc = Acc{local_max, reduce_ilp(sums, [](float a, float b) { return a + b; })};
+      }
+    }
+    if (!exp_local) acc = op.template accumulate<kChains>(Op::identity(), visit);
     if constexpr (kStreamRest) acc = Op::merge(acc, streamed);
     acc = block_all_reduce<Op>(acc, partials, parity);
 
@@ -380,6 +422,24 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
       acc = row_result[parity];
     }
     const typename Op::Row row_consts = op.finalize(acc);
+
+    if constexpr (kExpLocal) {
+      if (exp_local) {
+        // exp(m_t - M) is 0 for a thread of -inf only (its zeros stay zeros), NaN for an all -inf row (torch: NaN).
+        const float scale = ExpMath<float>::exp_from(local_max, row_consts.max) * row_consts.inv_sum;
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+          const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+          if (k < cached_end) {
+            Pack<Out, VEC> result;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(local_exp[p][j] * scale);
+            store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+          }
+        }
+        continue;
+      }
+    }
 
     auto write_pack = [&](int64_t k, auto&& pack_of_stream) {
       Pack<Out, VEC> result;
