@@ -136,8 +136,11 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   using Out = typename Op::Out;
   using PackIn = Pack<In, VEC>;
   static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward rows with float math");
-  // max, then sum: each reduction's barrier also protects the other buffer's reuse (block_all_reduce_with)
-  __shared__ float scratch[2][kWarpSize];
+  // max, then sum. The reduction is device_utils' (every thread merges the per-warp partials in turn): the
+  // butterfly form of softmax_math.cuh (fewer instructions, 4 dependent shuffles) was slower here, H200,
+  // 2026-11-22, two A/B runs: 2048 x 2048 fp16 / bf16 1.00 / 1.06 -> 0.95 / 0.94 of copy, log_softmax 16-bit
+  // 2048 x 4096, 4096 x 4096 -0.02..-0.06 (*session6-ab3-*.json).
+  __shared__ float scratch[2][kWarpSize];  // block_all_reduce ends with a barrier
   const bool log = args.op.log;
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
@@ -159,7 +162,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) m = row_max(m, v[p][j]);
     }
-    m = block_all_reduce_with(m, scratch[0], negative_infinity<float>(), [](float a, float b) { return row_max(a, b); });
+    m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
     // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
     // softmax keeps the exponentials (its output), log_softmax the inputs (its output is (x - max) - log(sum)).
     float sum = 0.0f;
@@ -172,7 +175,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
         sum += e;
       }
     }
-    sum = block_all_reduce_with(sum, scratch[1], 0.0f, [](float a, float b) { return a + b; });
+    sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
     const float inv_sum = ExpMath<float>::reciprocal(sum);
     const float log_sum = log ? ExpMath<float>::log_sum(sum) : 0.0f;
 #pragma unroll
@@ -355,7 +358,9 @@ __global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThrea
     // traffic to hide it: Nsight Compute (H200, 2026-11-22) had the exponential pipe (XU) 32-42% busy over
     // whole few-rows launches (8 x 262144, 64 x 151936, 4 x 8388608 fp16). The two extra roundings (of
     // exp(m_t - M) / S and of the product) are ~1e-7 relative: far below a 16-bit result's ulp, and float
-    // results keep torch's association.
+    // results keep torch's association. A/B (H200, 2026-11-22, two runs each, xCopy): fp16 4 x 16384 0.65 ->
+    // 0.78, 4 x 32768 0.63 -> 0.76, 4 x 262144 0.60 -> 0.66, 128 x 2048 0.77 -> 0.86, others within noise;
+    // bf16 within noise (-0.04..+0.03) except 128 x 2048 0.90 -> 0.77 (*session6-ab3-*.json).
     constexpr bool kExpLocal = Op::kStreams == 1 && std::is_same_v<C, float> && sizeof(Out) == 2 && VEC > 1 &&
                                PREG * VEC <= 16 && !kPrefetch && !kStreamRest;
     const bool exp_local = kExpLocal && !op.log && smem_packs == 0;

@@ -285,24 +285,4 @@ __device__ __forceinline__ Acc block_all_reduce(Acc acc, Acc (*partials)[kWarpSi
   return warp_all_reduce<Op>(mine, width);
 }
 
-// block_all_reduce's butterfly for one value and any commutative `combine` with its `identity` (the lean
-// instance's max, then sum). `partials` holds 32 values; two calls alternating between two buffers need one
-// barrier each (see block_all_reduce). The device_utils.cuh form (every thread merging the per-warp partials one
-// after another) took 16 LDS + 16 dependent merges per reduction in 512-thread CTAs: with two reductions per
-// row of 16 elements per thread, ~40% of the lean instance's instructions (SASS, sm_90), and Nsight Compute had
-// that kernel 73% issue-bound on 2048 x 8192 fp16 (H200, 2026-11-22).
-template <typename C, typename Combine>
-__device__ __forceinline__ C block_all_reduce_with(C v, C* partials, C identity, Combine&& combine) {
-  const int lane = threadIdx.x % kWarpSize;
-  const int warp = threadIdx.x / kWarpSize;
-  const int num_warps = (blockDim.x + kWarpSize - 1) / kWarpSize;
-  v = warp_all_reduce_with(v, kWarpSize, combine);
-  if (lane == 0) partials[warp] = v;
-  __syncthreads();
-  int width = 1;
-  while (width < num_warps) width *= 2;
-  const int slot = lane & (width - 1);
-  return warp_all_reduce_with(slot < num_warps ? partials[slot] : identity, width, combine);
-}
-
 }  // namespace softmax_ops::detail
