@@ -31,7 +31,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
         // The lean instance: forward, 16-bit inputs, 16-byte packs, kLeanRegPacks (see lean_rows).
         constexpr bool kCanLean = Op::kStreams == 1 && sizeof(typename Op::In) == 2 && kVec > 1 &&
-                                  kRegPacks == kLeanRegPacks;
+                                  (kRegPacks == kLeanRegPacks || kRegPacks == kLeanWideRegPacks);
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {
             if constexpr (kCanLean) {
@@ -109,7 +109,9 @@ cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPla
                                  const SoftmaxPointers& ptrs, cudaStream_t stream) {
   const bool grid_group = plan.kernel == SoftmaxKernel::kGridOnePass;
   if (plan.cluster < 1 || plan.grid % plan.cluster != 0) return cudaErrorInvalidValue;
-  if (plan.lean && (plan.threads > kLeanCtaThreads || plan.cluster != 1 || plan.smem_packs != 0)) return cudaErrorInvalidValue;
+  if (plan.lean && (plan.threads > lean_cta_threads(plan.reg_packs) || plan.cluster != 1 || plan.smem_packs != 0)) {
+    return cudaErrorInvalidValue;
+  }
   if (grid_group && (plan.cluster != 1 || plan.chunks < 1 || plan.grid % plan.chunks != 0 || ptrs.workspace == nullptr)) {
     return cudaErrorInvalidValue;
   }

@@ -193,7 +193,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 }
 
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false>
-__global__ void __launch_bounds__(kLean ? kLeanCtaThreads : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
+__global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
   using Out = typename Op::Out;

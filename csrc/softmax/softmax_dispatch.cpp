@@ -468,12 +468,14 @@ class Chooser {
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
-    const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
-    SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, kLeanRegPacks, 0, 0});
+    // Rows of more than 512 packs (4096 16-bit columns): the wide form, 4 packs per thread.
+    const int reg_packs = g_.n_packs > int64_t{kLeanWideCtaThreads} * kLeanRegPacks ? kLeanWideRegPacks : kLeanRegPacks;
+    const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
+    SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
     return ok(plan, "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA " +
-                        "per row, " + std::to_string(kLeanRegPacks) + " packs per thread, max first, then each " +
+                        "per row, " + std::to_string(reg_packs) + " packs per thread, max first, then each " +
                         "exp(x - max) taken once" + (p_.log ? " for the sum" : " and kept in registers for the " +
                         std::string("sum and the output")));
   }

@@ -66,6 +66,12 @@ constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 reg
 constexpr int kLeanCtaThreads = 512;
 constexpr int kLeanMinCtas = 4;
 constexpr int kLeanRegPacks = 2;
+// ... and its wide-row form for rows of more than kLeanCtaThreads x kLeanRegPacks / 2 packs: 4 packs per thread,
+// CTAs of up to 256 threads (8 warps: half the per-row reduction work per element), 4 per SM, <= 64 registers.
+constexpr int kLeanWideCtaThreads = 256;
+constexpr int kLeanWideRegPacks = 4;
+// Launch bounds of the lean instance with PREG register packs.
+constexpr int lean_cta_threads(int reg_packs) { return reg_packs == kLeanWideRegPacks ? kLeanWideCtaThreads : kLeanCtaThreads; }
 constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
 
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
