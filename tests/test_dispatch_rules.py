@@ -68,6 +68,8 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((4096, 4096), torch.bfloat16, True),
     ((32768, 2048), torch.float16, True),
     ((2048, 8192), torch.float16, True),
+    ((2048, 6144), torch.bfloat16, True),     # 768 packs: still 512 x 2
+    ((2048, 6152), torch.bfloat16, True),     # 769 packs: the wide form
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
@@ -79,7 +81,7 @@ def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, 
     line = plan_line(shape, dtype)
     assert ("lean instance" in line) == lean, line
     if lean:
-        packs = 4 if shape[1] > 4096 else 2  # the wide form above 512 packs (256 threads x 4)
+        packs = 4 if shape[1] > 6144 else 2  # the wide form above 768 packs (256 threads x 4)
         assert "kernel block_onepass" in line and f"{packs} pack(s) per thread" in line, line
 
 

@@ -52,6 +52,12 @@ struct Heuristics {
   // Many 16-bit rows of kLeanMinPacks..kLeanCtaThreads x kLeanRegPacks packs (2048-8192 columns) take the
   // block kernel's lean instance (softmax and log_softmax): a CTA per row, 2 packs per thread, <= 32 registers (lean_rows).
   static constexpr int64_t kLeanMinPacks = 256;
+  // Above this many packs (6144 16-bit columns) the lean instance's wide form: 256 threads x 4 packs, which
+  // halves the per-element share of its two block reductions. H200, 2026-11-22, two interleaved A/B runs
+  // against 512 x 2 (*session6-ab4-*.json): 2048 x 8192 softmax fp16 / bf16 0.86 / 0.87 -> 0.93 / 0.95,
+  // log_softmax 0.82 / 0.83 -> 0.93 / 0.92, 4096 x 8192 +0.06..+0.10; but 2048 x 6144 (768 packs) softmax
+  // 0.90 / 0.90 -> 0.86 / 0.88.
+  static constexpr int64_t kLeanWideMinPacks = 768;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -468,8 +474,8 @@ class Chooser {
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
-    // Rows of more than 512 packs (4096 16-bit columns): the wide form, 4 packs per thread.
-    const int reg_packs = g_.n_packs > int64_t{kLeanWideCtaThreads} * kLeanRegPacks ? kLeanWideRegPacks : kLeanRegPacks;
+    // Rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread (softmax_launch.h).
+    const int reg_packs = g_.n_packs > Heuristics::kLeanWideMinPacks ? kLeanWideRegPacks : kLeanRegPacks;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;

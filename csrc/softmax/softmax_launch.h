@@ -66,8 +66,8 @@ constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 reg
 constexpr int kLeanCtaThreads = 512;
 constexpr int kLeanMinCtas = 4;
 constexpr int kLeanRegPacks = 2;
-// ... and its wide-row form for rows of more than kLeanCtaThreads x kLeanRegPacks / 2 packs: 4 packs per thread,
-// CTAs of up to 256 threads (8 warps: half the per-row reduction work per element), 4 per SM, <= 64 registers.
+// ... and its wide form for the longest of those rows (softmax_dispatch.cpp: kLeanWideMinPacks): 4 packs per
+// thread, CTAs of up to 256 threads (8 warps: half the per-element reduction work), 4 per SM, <= 64 registers.
 constexpr int kLeanWideCtaThreads = 256;
 constexpr int kLeanWideRegPacks = 4;
 // Launch bounds of the lean instance with PREG register packs.
