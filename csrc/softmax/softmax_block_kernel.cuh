@@ -156,32 +156,39 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 #pragma unroll
       for (int j = 0; j < VEC; ++j) v[p][j] = cached_element<float>(pack, j);
     }
-    // One chain each (the max is exact in any order; the sum's order is this instance's measured one).
-    const float m = block_all_reduce(tile_max<1>(v), scratch[0], [](float a, float b) { return row_max(a, b); });
+    float m = negative_infinity<float>();
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) m = row_max(m, v[p][j]);
+    }
+    m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
+    // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
     // softmax keeps the exponentials (its output), log_softmax the inputs (its output is (x - max) - log(sum)).
-    float sum;
-    if (log) {
-      float e[PREG][VEC];
+    float sum = 0.0f;
 #pragma unroll
-      for (int p = 0; p < PREG; ++p) {
+    for (int p = 0; p < PREG; ++p) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) e[p][j] = v[p][j];
+      for (int j = 0; j < VEC; ++j) {
+        const float e = ExpMath<float>::exp_from(v[p][j], m);
+        if (!log) v[p][j] = e;
+        sum += e;
       }
-      sum = exp_tile_in_place<1>(e, m);
-    } else {
-      sum = exp_tile_in_place<1>(v, m);
     }
     sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
     const float inv_sum = ExpMath<float>::reciprocal(sum);
     const float log_sum = log ? ExpMath<float>::log_sum(sum) : 0.0f;
-    // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
-    store_tile<Out, PREG, VEC>(
-        args.out + row * args.n,
-        [&](int p) -> int64_t {
-          const int64_t k = static_cast<int64_t>(p) * threads + tid;
-          return k < n_packs ? k : -1;
-        },
-        [&](int p, int j) { return log ? (v[p][j] - m) - log_sum : v[p][j] * inv_sum; });
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int64_t k = static_cast<int64_t>(p) * threads + tid;
+      if (k < n_packs) {
+        Pack<Out, VEC> result;
+        // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(log ? (v[p][j] - m) - log_sum : v[p][j] * inv_sum);
+        store_vec<Out, VEC>(args.out + row * args.n + k * VEC, result);
+      }
+    }
   }
 }
 
@@ -362,16 +369,28 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     Acc acc = Op::identity();
     if constexpr (kExpLocal) {
       if (exp_local) {
+        float maxes[kIlp];
+#pragma unroll
+        for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
 #pragma unroll
         for (int p = 0; p < PREG; ++p) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) local_exp[p][j] = cached_element<float>(cache[0][p], j);
+          for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(cache[0][p], j));
         }
-        local_max = tile_max(local_exp);
+        local_max = reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
         // A thread of -inf only (or padding): exponentials relative to 0 are exact zeros (relative to -inf,
         // NaN), and (-inf, 0) is the identity. NaN / +inf make the sum NaN, as in accumulate.
         const float shift = local_max == negative_infinity<float>() ? 0.0f : local_max;
-        acc = Acc{local_max, exp_tile_in_place(local_exp, shift)};
+        float sums[kIlp] = {};
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            local_exp[p][j] = ExpMath<float>::exp_from(cached_element<float>(cache[0][p], j), shift);
+            sums[j % kIlp] += local_exp[p][j];
+          }
+        }
+        acc = Acc{local_max, reduce_ilp(sums, [](float a, float b) { return a + b; })};
       }
     }
     if (!exp_local) acc = op.template accumulate<kChains>(Op::identity(), visit);
@@ -413,13 +432,16 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       if (exp_local) {
         // exp(m_t - M) is 0 for a thread of -inf only (its zeros stay zeros), NaN for an all -inf row (torch: NaN).
         const float scale = ExpMath<float>::exp_from(local_max, row_consts.max) * row_consts.inv_sum;
-        store_tile<Out, PREG, VEC>(
-            args.out + row_offset,
-            [&](int p) -> int64_t {
-              const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
-              return k < cached_end ? k : -1;
-            },
-            [&](int p, int j) { return local_exp[p][j] * scale; });
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+          const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+          if (k < cached_end) {
+            Pack<Out, VEC> result;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(local_exp[p][j] * scale);
+            store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+          }
+        }
         continue;
       }
     }

@@ -147,21 +147,6 @@ __device__ __forceinline__ Pack<T, N> filled_pack(C value) {
   return out;
 }
 
-// Stores packs p = 0 .. P-1 of a thread's tile: pack p goes to pack index pack_index(p) of `out` (negative:
-// not stored, e.g. past the row's end), element j being convert<Out>(value(p, j)).
-template <typename Out, int P, int V, typename PackIndex, typename Value>
-__device__ __forceinline__ void store_tile(Out* out, PackIndex&& pack_index, Value&& value) {
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-    const int64_t k = pack_index(p);
-    if (k < 0) continue;
-    Pack<Out, V> result;
-#pragma unroll
-    for (int j = 0; j < V; ++j) result.v[j] = convert<Out>(value(p, j));
-    store_vec<Out, V>(out + k * V, result);
-  }
-}
-
 // ---- kernel arguments -----------------------------------------------------------------------------
 
 // Rows of `n` elements; row r starts at r * n (inner == 1 kernels). The strided kernel reads `rows` as

@@ -95,38 +95,6 @@ __device__ __forceinline__ T reduce_ilp(const T (&parts)[N], F&& combine) {
   }
 }
 
-// Register tiles of the exp-once paths (the warp kernel's exp_once_row, the block kernel's lean instance and
-// kExpLocal): P packs of V float values per thread.
-// Max of a tile, in Chains independent chains (see ForwardOp::accumulate); the max is exact in any order.
-template <int Chains = kIlp, int P, int V>
-__device__ __forceinline__ float tile_max(const float (&v)[P][V]) {
-  float maxes[Chains];
-#pragma unroll
-  for (int i = 0; i < Chains; ++i) maxes[i] = negative_infinity<float>();
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) maxes[j % Chains] = row_max(maxes[j % Chains], v[p][j]);
-  }
-  return reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
-}
-
-// v = exp(v - shift) in place; returns the sum of the exponentials (Chains chains, combined in a fixed order).
-// A NaN or +inf in the tile makes the sum NaN; shift == -inf gives exp(NaN) (an all -inf row: torch's NaN).
-template <int Chains = kIlp, int P, int V>
-__device__ __forceinline__ float exp_tile_in_place(float (&v)[P][V], float shift) {
-  float sums[Chains] = {};
-#pragma unroll
-  for (int p = 0; p < P; ++p) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      v[p][j] = ExpMath<float>::exp_from(v[p][j], shift);
-      sums[j % Chains] += v[p][j];
-    }
-  }
-  return reduce_ilp(sums, [](float a, float b) { return a + b; });
-}
-
 // softmax / log_softmax forward. Acc is the online (max, sum) state: sum of exp(x - max).
 template <typename In_, typename Out_>
 struct ForwardOp {

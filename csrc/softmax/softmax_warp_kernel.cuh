@@ -21,32 +21,49 @@
 
 namespace softmax_ops::detail {
 
-// Pack index of a lane's pack p in its row (lane l of a row holds packs l, l + L, ...), or -1 where nothing is
-// stored: past the row's end, or a row past the last.
-__device__ __forceinline__ auto row_pack_index(int lanes, int lane_in_row, int64_t n_packs, bool row_valid) {
-  return [=](int p) -> int64_t {
-    const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
-    return row_valid && k < n_packs ? k : -1;
-  };
-}
-
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
 template <typename Op, int VEC, int PACKS>
 __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
                                              int lane_in_row, int64_t n_packs, bool row_valid,
                                              typename Op::Out* out) {
+  using Out = typename Op::Out;
   float e[PACKS][VEC];
+  float maxes[kIlp];  // independent chains, see ForwardOp::accumulate
+#pragma unroll
+  for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
 #pragma unroll
   for (int p = 0; p < PACKS; ++p) {
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) e[p][j] = cached_element<float>(cache[p], j);
+    for (int j = 0; j < VEC; ++j) {
+      e[p][j] = cached_element<float>(cache[p], j);
+      maxes[j % kIlp] = row_max(maxes[j % kIlp], e[p][j]);
+    }
   }
-  const float m = warp_all_reduce_with(tile_max(e), lanes, [](float a, float b) { return row_max(a, b); });
-  const float sum = warp_all_reduce_with(exp_tile_in_place(e, m), lanes, [](float a, float b) { return a + b; });
+  const float m = warp_all_reduce_with(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }), lanes,
+                                       [](float a, float b) { return row_max(a, b); });
+  // A NaN or +inf in the row makes the sum NaN, an all -inf row exp(NaN): every output NaN, as torch.
+  float sums[kIlp] = {};
+#pragma unroll
+  for (int p = 0; p < PACKS; ++p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      e[p][j] = ExpMath<float>::exp_from(e[p][j], m);
+      sums[j % kIlp] += e[p][j];
+    }
+  }
+  const float sum = warp_all_reduce_with(reduce_ilp(sums, [](float a, float b) { return a + b; }), lanes,
+                                         [](float a, float b) { return a + b; });
   const float inv_sum = ExpMath<float>::reciprocal(sum);
-  // torch's association: exp(x - max) * (1 / sum)
-  store_tile<typename Op::Out, PACKS, VEC>(out, row_pack_index(lanes, lane_in_row, n_packs, row_valid),
-                                           [&](int p, int j) { return e[p][j] * inv_sum; });
+#pragma unroll
+  for (int p = 0; p < PACKS; ++p) {
+    const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
+    if (row_valid && k < n_packs) {
+      Pack<Out, VEC> result;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(e[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
+      store_vec<Out, VEC>(out + k * VEC, result);
+    }
+  }
 }
 
 // Forward float math with at most 32 floats of exponentials per lane (16-bit: <= 4 packs; float: the cache).
@@ -112,13 +129,21 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     acc = warp_all_reduce<Op>(acc, lanes);  // every lane, valid row or not: the shuffles need all 32
     const typename Op::Row row_consts = op.finalize(acc);
 
-    store_tile<Out, PACKS, VEC>(args.out + row_offset, row_pack_index(lanes, lane_in_row, n_packs, row_valid),
-                                [&](int p, int j) {
-                                  C v[S];
 #pragma unroll
-                                  for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
-                                  return op.apply(row_consts, v);
-                                });
+    for (int p = 0; p < PACKS; ++p) {
+      const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
+      if (row_valid && k < n_packs) {
+        Pack<Out, VEC> result;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          C v[S];
+#pragma unroll
+          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
+          result.v[j] = op.apply(row_consts, v);
+        }
+        store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+      }
+    }
   }
 }
 
