@@ -166,6 +166,7 @@ def reference(op: str, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> 
 
 
 def check_forward(op: str, x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+    assert x.is_cuda, "a CPU input would test the CPU implementation, not the kernel"
     ours = getattr(softmax_ops, op)(x, dim, dtype=dtype)
     expected_dtype = dtype or x.dtype
     assert ours.dtype == expected_dtype and ours.shape == x.shape and ours.is_contiguous()
@@ -278,7 +279,7 @@ def test_forced_kernel_special_values(kernel, dtype, op):
     x = special_rows(n, dtype).cuda()
     dim = -1
     if kernel == "strided":
-        x = x.t().contiguous()  # reduce over dim 0 of [n, 7]: inner 7
+        x = x.t().contiguous()  # reduce over dim 0 of [n, 9]: inner 9
         dim = 0
     with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
         out = check_forward(op, x, dim)
@@ -313,6 +314,7 @@ def backward_reference(op: str, output: torch.Tensor, grad: torch.Tensor, dim: i
 
 def check_backward(op: str, x: torch.Tensor, dim: int, dtype) -> None:
     """Our backward op on torch's forward output vs torch's own backward, both vs the float64 gradient."""
+    assert x.is_cuda, "a CPU input would test the CPU implementation, not the kernel"
     y = OPS[op](x, dim, dtype=dtype)
     grad = make_input(y.shape, y.dtype, seed=11, scale=1.0)
     backward_op = {
@@ -557,6 +559,38 @@ def test_lean_block_rows_special_values(dtype, n, op):
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
     check_forward(op, x)
+
+
+# The backward ops' lean instance (lean_backward_rows: the same CTA shape, 2 packs of each stream per thread):
+# every size above, both 16-bit dtypes, softmax_backward and log_softmax_backward.
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", LEAN_SIZES)
+def test_automatic_lean_block_rows_backward(n, dtype, op):
+    x = make_input((lean_rows(), n), dtype, seed=n)
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
+    check_backward(op, x, -1, None)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
+def test_lean_block_rows_backward_grid_stride(shape, dtype, op):
+    """More rows than the backward lean plan's grid: CTAs loop over rows, reusing their reduction scratch."""
+    x = make_input(shape, dtype, seed=shape[0] + 1)
+    assert "lean instance" in softmax_ops.explain(shape, dtype, op=f"{op}_backward")
+    check_backward(op, x, -1, None)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_lean_block_rows_backward_special_values(dtype, op):
+    """The special rows' forward outputs (NaN rows, exact zeros, -inf for log_softmax) as the backward's
+    output stream, through the lean instance; n = 513 packs leaves the last pack's threads padding."""
+    rows = special_rows(4104, dtype)
+    x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
+    check_backward(op, x, -1, None)
 
 
 @pytest.mark.parametrize("op", list(OPS))

@@ -106,6 +106,7 @@ def assert_valid_indices(indices: torch.Tensor, n: int) -> None:
 
 
 def check_topk(x, k, dim, renormalize, dtype=None):
+    assert x.is_cuda, "a CPU input would test the CPU implementation, not the kernel"
     values, indices = softmax_ops.fused_topk(x, k, dim, renormalize, dtype)
     ref_values, ref_indices = topk_reference(x, k, dim, renormalize, dtype)
     assert values.dtype == (dtype or x.dtype) and indices.dtype == torch.int64
@@ -190,6 +191,7 @@ def special_row(kind: str, n: int, generator: torch.Generator) -> torch.Tensor:
 def check_reference_order(x, k, kernel, renormalize):
     """fused_topk with `kernel` forced, on rows with special values: indices distinct, in range and in the
     reference order, NaN exactly where the reference has NaN. Returns (values, reference values)."""
+    assert x.is_cuda, "a CPU input would test the CPU implementation, not the kernel"
     with softmax_ops.force_kernel("topk", kernel):
         values, indices = softmax_ops.fused_topk(x, k, -1, renormalize)
     ref_values, ref_indices = topk_reference(x, k, -1, renormalize)
@@ -360,6 +362,8 @@ def test_forced_kernel_cuda_graph_capture(kernel):
         torch.cuda.synchronize()
         expected = softmax_ops.fused_topk(x, k, -1, True)
     assert torch.equal(indices, expected[1]) and torch.equal(values, expected[0])
+    # ... and the replay is right, not only repeatable: the independent reference on the new data.
+    assert torch.equal(indices.cpu(), topk_reference(x, k, -1, True)[1])
 
 
 @requires_cuda

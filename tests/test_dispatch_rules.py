@@ -85,6 +85,24 @@ def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, 
         assert "kernel block_onepass" in line and f"{packs} pack(s) per thread" in line, line
 
 
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape,dtype,lean", [
+    ((2048, 4096), torch.float16, True),
+    ((4096, 4096), torch.bfloat16, True),
+    ((32768, 2048), torch.float16, True),
+    ((2048, 8192), torch.bfloat16, True),     # 1024 packs: 512 threads x 2, no wide form for two streams
+    ((2048, 8200), torch.float16, False),     # more than 512 threads x 2
+    ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
+    ((100, 4096), torch.float16, False),      # fewer rows than SMs
+    ((2048, 4096), torch.float32, False),
+])
+def test_many_16bit_backward_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean, op):
+    line = plan_line(shape, dtype, op)
+    assert ("lean instance" in line) == lean, line
+    if lean:
+        assert "kernel block_onepass" in line and "2 pack(s) per thread" in line, line
+
+
 @pytest.mark.parametrize("shape,dtype,kernel,packs", [
     ((128, 2048), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
     ((128, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster

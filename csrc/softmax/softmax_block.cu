@@ -29,9 +29,10 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
-        // The lean instance: forward, 16-bit inputs, 16-byte packs, kLeanRegPacks (see lean_rows).
-        constexpr bool kCanLean = Op::kStreams == 1 && sizeof(typename Op::In) == 2 && kVec > 1 &&
-                                  (kRegPacks == kLeanRegPacks || kRegPacks == kLeanWideRegPacks);
+        // The lean instance: 16-bit inputs, 16-byte packs, kLeanRegPacks (forward also the wide form; see
+        // lean_rows).
+        constexpr bool kCanLean = sizeof(typename Op::In) == 2 && kVec > 1 &&
+                                  (kRegPacks == kLeanRegPacks || (Op::kStreams == 1 && kRegPacks == kLeanWideRegPacks));
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {
             if constexpr (kCanLean) {

@@ -192,6 +192,67 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   }
 }
 
+// kLean for the backward ops (softmax_backward and log_softmax_backward of many 16-bit rows of 2-8K columns,
+// the forward's CTA shape: a CTA per row, kLeanRegPacks packs of each stream per thread): the same
+// accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
+// machinery, so it fits 32 registers and 2048 threads per SM, twice the loads in flight of the 64-register
+// instance (4 CTAs of 256 threads per SM on 4096 columns).
+template <typename Op, int VEC, int PREG>
+__device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  using C = typename Op::C;
+  using Acc = typename Op::Acc;
+  using PackIn = Pack<In, VEC>;
+  constexpr int S = Op::kStreams;
+  static_assert(S == 2, "backward rows: grad_output and output");
+  __shared__ Acc scratch[kWarpSize];  // block_all_reduce ends with a barrier
+  const Op op = args.op;
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  // A row fits the CTA (<= 8192 columns): offsets within it are 32-bit (64-bit ones spilled under the
+  // 32-register cap, ptxas nvcc 13.0).
+  const int n_packs = static_cast<int>(args.n / VEC);
+  if (static_cast<int64_t>(threads) * PREG < args.n / VEC) __trap();  // dispatcher bug guard: a row must fit
+  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+    const int64_t row_offset = row * args.n;
+    PackIn cache[S][PREG];
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int k = p * threads + tid;
+#pragma unroll
+      for (int s = 0; s < S; ++s) {
+        cache[s][p] = k < n_packs ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+      }
+    }
+    auto visit_pack = [&](int p, auto&& fn) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        C v[S];
+#pragma unroll
+        for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
+        fn(v, j);
+      }
+    };
+    // Two chains: with the default count the float16 instance spilled under the 32-register cap (ptxas).
+    Acc acc = op.template accumulate<2>(Op::identity(), [&](auto&& fn) {
+#pragma unroll
+      for (int p = 0; p < PREG; ++p) visit_pack(p, fn);
+    });
+    acc = block_all_reduce(acc, scratch, [](Acc a, Acc b) { return Op::merge(a, b); });
+    const typename Op::Row row_consts = op.finalize(acc);
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+      const int k = p * threads + tid;
+      if (k < n_packs) {
+        Pack<Out, VEC> result;
+        visit_pack(p, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
+        store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+      }
+    }
+  }
+}
+
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false>
 __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
@@ -203,7 +264,11 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
   if constexpr (kLean) {
-    exp_once_rows<Op, VEC, PREG>(args);
+    if constexpr (S == 1) {
+      exp_once_rows<Op, VEC, PREG>(args);
+    } else {
+      lean_backward_rows<Op, VEC, PREG>(args);
+    }
     return;
   }
 

@@ -467,23 +467,32 @@ class Chooser {
   // taken. log_softmax (session 6 A/B against the prefetching 8-pack instance, two runs each, fp16 / bf16):
   // 2048 x 4096 0.82 / 0.82 -> 0.86 / 0.88, 4096 x 4096 0.80 / 0.77 -> 0.87 / 0.86, 32768 x 2048 0.94 / 0.88 ->
   // 0.99 / 0.99.
+  //
+  // The backward ops take the same CTA shape (2 packs of each stream per thread, no wide form: 4 packs of
+  // two streams do not fit 32 registers) in lean_backward_rows: 2048 threads per SM instead of the 64-register
+  // instance's 1024, for twice the loads in flight.
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || p_.backward || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
     }
-    // Rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread (softmax_launch.h).
-    const int reg_packs = g_.n_packs > Heuristics::kLeanWideMinPacks ? kLeanWideRegPacks : kLeanRegPacks;
+    // Forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread (softmax_launch.h).
+    const bool wide = !p_.backward && g_.n_packs > Heuristics::kLeanWideMinPacks;
+    const int reg_packs = wide ? kLeanWideRegPacks : kLeanRegPacks;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    return ok(plan, "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA " +
-                        "per row, " + std::to_string(reg_packs) + " packs per thread, max first, then each " +
-                        "exp(x - max) taken once" + (p_.log ? " for the sum" : " and kept in registers for the " +
-                        std::string("sum and the output")));
+    const std::string shape = "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a " +
+                              "CTA per row, " + std::to_string(reg_packs) + " packs per thread";
+    if (p_.backward) {
+      return ok(plan, shape + " and stream in at most 32 registers: 2048 threads per SM, twice the loads in " +
+                          "flight of the 64-register instance");
+    }
+    return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
+                        (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
   }
 
   // Few 16-bit warp-sized rows that would need 8 packs per lane (a few warps per SM): nothing hides a lane's
@@ -759,7 +768,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       if (plan.prefetch) s += ", next row prefetched into shared memory";
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
-      if (plan.lean) s += ", lean instance (max first, exp once)";
+      if (plan.lean) s += ", lean instance (a CTA per row, <= 32 registers)";
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +
