@@ -130,6 +130,18 @@ def test_few_warp_rows_spread_over_more_smaller_ctas(rows, lanes, threads):
     assert f" x {threads} threads" in line, line
 
 
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape,dtype,lanes", [
+    ((65536, 64), torch.float16, 8),     # 8 packs: one per lane (the forward takes 4 per lane on 2 lanes)
+    ((16384, 128), torch.bfloat16, 16),
+    ((65536, 256), torch.float16, 32),
+    ((16384, 32), torch.float32, 8),
+])
+def test_short_backward_rows_take_one_pack_per_lane(shape, dtype, lanes, op):
+    line = plan_line(shape, dtype, op)
+    assert "kernel warp:" in line and f"{lanes} lane(s) per row, 1 pack(s) per lane" in line, line
+
+
 def test_forced_grid_onepass_names_its_limit():
     with softmax_ops.force_kernel("softmax", "grid_onepass"):
         text = softmax_ops.explain((300, 4000), torch.float32)

@@ -30,8 +30,14 @@ struct Heuristics {
   // Rows per SM the 8-pack warp kernel holds at once (4 CTAs of 4 warps, one row per warp): see
   // warp_max_row_bytes.
   static constexpr int64_t kWarpRowsPerSmOneWave = 16;
-  // Packs per lane for rows of at most 32 packs (see plan_warp).
+  // Packs per lane for rows of at most 32 packs (see plan_warp), forward and backward. The backward reads
+  // two streams per pack: one pack per lane (more lanes and CTAs, shorter chains) measured best there. H100,
+  // 2026-11-22, two interleaved runs of 4 / 2 / 1 packs per lane (*session7-ab3-*.json), 65536 x 64:
+  // softmax_backward fp16 0.88 / 0.93 / 0.99, bf16 0.74-0.87 / 0.89 / 0.94, fp32 0.89 / 0.94 / 0.96,
+  // log_softmax_backward 0.78-0.87 / 0.85-0.96 / 0.90-0.97; 16384 x 128, 16384 x 160 and 65536 x 256 within
+  // the run-to-run noise of these small shapes (+-0.1).
   static constexpr int kWarpShortRowPacks = 4;
+  static constexpr int kWarpShortRowPacksBackward = 1;
 
   // block kernel: every thread caches the most register packs it can (max_block_reg_packs), and the CTA
   // has just enough threads for the row; beyond kSharedCtaMaxThreads the rest goes to shared memory. An
@@ -194,8 +200,8 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
     // so a warp holds several rows. One pack per lane (the first version) put only 512 bytes per warp in
     // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
-    plan.reg_packs = static_cast<int>(std::min<int64_t>(Heuristics::kWarpShortRowPacks,
-                                                        pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
+    const int short_packs = g.streams == 2 ? Heuristics::kWarpShortRowPacksBackward : Heuristics::kWarpShortRowPacks;
+    plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
     plan.lanes_per_row = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.reg_packs)));
   } else {
     plan.lanes_per_row = 32;
