@@ -114,6 +114,8 @@ struct ForwardOp {
 
   static __device__ __forceinline__ C pad(int) { return negative_infinity<C>(); }
   static __device__ __forceinline__ Acc identity() { return {negative_infinity<C>(), C(0)}; }
+  // Whether accumulate reads stream s (see BackwardOp).
+  __device__ __forceinline__ bool reduces_stream(int) const { return true; }
 
   // Folds a chunk into the running state with one exponential per element plus one per chunk (the
   // rescale of the running sum), never three per element as a per-element online update would.
@@ -193,6 +195,9 @@ struct BackwardOp {
 
   static __device__ __forceinline__ C pad(int) { return C(0); }
   static __device__ __forceinline__ Acc identity() { return 0.0; }
+  // Whether accumulate reads stream s: log_softmax_backward's sum is over grad_output alone, so a pass that
+  // only reduces (the streaming kernels' first pass) need not load the output stream.
+  __device__ __forceinline__ bool reduces_stream(int s) const { return s == 0 || !log; }
 
   template <int Chains = kIlp, typename Visit>
   __device__ __forceinline__ Acc accumulate(Acc acc, Visit&& visit) const {

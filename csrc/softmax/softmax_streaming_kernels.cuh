@@ -49,7 +49,10 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
         const int64_t k = first + static_cast<int64_t>(u) * threads;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-          packs[s][u] = k < end ? load_vec<In, VEC>(in[s] + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+          // log_softmax_backward reduces grad_output only: its output stream is not read here (the pass
+          // then moves N bytes instead of 2N; the re-read in write_packs takes both).
+          const bool load = k < end && op.reduces_stream(s);
+          packs[s][u] = load ? load_vec<In, VEC>(in[s] + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
         }
       }
       acc = op.accumulate(acc, [&](auto&& fn) {
