@@ -563,9 +563,13 @@ def test_lean_block_rows_special_values(dtype, n, op):
 
 # The backward ops' lean instance (lean_backward_rows: the same CTA shape, 2 packs of each stream per thread):
 # every size above, both 16-bit dtypes, softmax_backward and log_softmax_backward.
+# float32 streams take it for 256..1024 packs of 4 (1024-4096 columns).
+LEAN_BACKWARD_CASES = [(dtype, n) for dtype in (torch.float16, torch.bfloat16) for n in LEAN_SIZES] + [
+    (torch.float32, n) for n in (1024, 1028, 2048, 3000, 4092, 4096)]
+
+
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n", LEAN_SIZES)
+@pytest.mark.parametrize("dtype,n", LEAN_BACKWARD_CASES)
 def test_automatic_lean_block_rows_backward(n, dtype, op):
     x = make_input((lean_rows(), n), dtype, seed=n)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
@@ -583,11 +587,11 @@ def test_lean_block_rows_backward_grid_stride(shape, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_lean_block_rows_backward_special_values(dtype, op):
+@pytest.mark.parametrize("dtype,n", [(torch.float16, 4104), (torch.bfloat16, 4104), (torch.float32, 2052)])
+def test_lean_block_rows_backward_special_values(dtype, n, op):
     """The special rows' forward outputs (NaN rows, exact zeros, -inf for log_softmax) as the backward's
     output stream, through the lean instance; n = 513 packs leaves the last pack's threads padding."""
-    rows = special_rows(4104, dtype)
+    rows = special_rows(n, dtype)
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
     check_backward(op, x, -1, None)

@@ -94,9 +94,12 @@ def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, 
     ((2048, 8200), torch.float16, False),     # more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
-    ((2048, 4096), torch.float32, False),
+    ((2048, 4096), torch.float32, True),      # 1024 packs of 4
+    ((2048, 1024), torch.float32, True),      # 256 packs of 4
+    ((2048, 8192), torch.float32, False),     # 2048 packs
+    ((2048, 4096), torch.float64, False),
 ])
-def test_many_16bit_backward_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean, op):
+def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtype, lean, op):
     line = plan_line(shape, dtype, op)
     assert ("lean instance" in line) == lean, line
     if lean:

@@ -476,10 +476,15 @@ class Chooser {
   //
   // The backward ops take the same CTA shape (2 packs of each stream per thread, no wide form: 4 packs of
   // two streams do not fit 32 registers) in lean_backward_rows: 2048 threads per SM instead of the 64-register
-  // instance's 1024, for twice the loads in flight.
+  // instance's 1024, for twice the loads in flight; float32 streams too (256..1024 packs of 4: 1024-4096
+  // columns). H100, 2026-11-22, two interleaved A/B runs each against the 64-register instance: 16-bit
+  // (*session7-ab2-*.json) 2048 x 2048 .. 32768 x 2048 softmax_backward geomean 0.94-0.95 -> 0.97-0.98 of
+  // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
+  // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || g_.in_bytes != 2 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
+    if (g_.in_bytes != 2 && !(p_.backward && g_.in_bytes == 4)) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
       return std::nullopt;
