@@ -92,7 +92,7 @@ def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, 
     ((32768, 2048), torch.float16, True),
     ((2048, 8192), torch.bfloat16, True),     # 1024 packs: 512 threads x 2, no wide form for two streams
     ((2048, 8200), torch.float16, False),     # more than 512 threads x 2
-    ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
+    ((2048, 2040), torch.float16, False),     # under 256 packs: the 64-register block instance
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
     ((2048, 4096), torch.float32, True),      # 1024 packs of 4
     ((2048, 1024), torch.float32, True),      # 256 packs of 4

@@ -195,8 +195,8 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 // kLean for the backward ops (softmax_backward and log_softmax_backward of many rows of 256-1024 packs, 16-
 // or 32-bit; the forward's CTA shape: a CTA per row, kLeanRegPacks packs of each stream per thread): the same
 // accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
-// machinery, so it fits 32 registers and 2048 threads per SM, twice the loads in flight of the 64-register
-// instance (4 CTAs of 256 threads per SM on 4096 columns).
+// machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
+// flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;

@@ -475,9 +475,10 @@ class Chooser {
   // 0.99 / 0.99.
   //
   // The backward ops take the same CTA shape (2 packs of each stream per thread, no wide form: 4 packs of
-  // two streams do not fit 32 registers) in lean_backward_rows: 2048 threads per SM instead of the 64-register
-  // instance's 1024, for twice the loads in flight; float32 streams too (256..1024 packs of 4: 1024-4096
-  // columns). H100, 2026-11-22, two interleaved A/B runs each against the 64-register instance: 16-bit
+  // two streams do not fit 32 registers) in lean_backward_rows: up to 2048 threads per SM. For 16-bit streams
+  // that is twice the loads in flight of the 64-register instance (2 packs per thread there too, 1024 threads);
+  // float32 streams (256..1024 packs of 4: 1024-4096 columns) had 4 packs per thread there, about as many
+  // packs in flight as here, so their gain comes from elsewhere (shorter per-thread chains, more CTAs). H100, 2026-11-22, two interleaved A/B runs each against the 64-register instance: 16-bit
   // (*session7-ab2-*.json) 2048 x 2048 .. 32768 x 2048 softmax_backward geomean 0.94-0.95 -> 0.97-0.98 of
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
@@ -502,8 +503,8 @@ class Chooser {
     const std::string shape = "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a " +
                               "CTA per row, " + std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
-      return ok(plan, shape + " and stream in at most 32 registers: 2048 threads per SM, twice the loads in " +
-                          "flight of the 64-register instance");
+      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured " +
+                          "faster than the 64-register instance)");
     }
     return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
@@ -782,7 +783,10 @@ std::string describe_plan(const SoftmaxPlan& plan) {
            " in shared memory (" + kib(static_cast<int64_t>(plan.smem_bytes)) + " dynamic)";
       if (plan.prefetch) s += ", next row prefetched into shared memory";
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
-      if (plan.lean) s += ", lean instance (a CTA per row, <= 32 registers)";
+      if (plan.lean) {
+        s += plan.reg_packs == kLeanWideRegPacks ? ", lean instance (a CTA per row, <= 64 registers)"
+                                                 : ", lean instance (a CTA per row, <= 32 registers)";
+      }
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +

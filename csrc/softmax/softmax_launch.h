@@ -55,7 +55,7 @@ struct SoftmaxPlan {
   size_t workspace_bytes = 0;  // split_row, grid_onepass: the per-chunk partials, allocated by the caller
   bool prefetch = false;    // block: each CTA's next row streams into shared memory (smem_bytes) meanwhile
   bool stream_rest = false; // grid_onepass: a chunk exceeds the cache; its rest is read twice from global memory
-  bool lean = false;        // block: the <= 32-register max-first / exp-once instance (kLean), kLeanRegPacks packs per thread
+  bool lean = false;        // block: the lean instance (kLean): forward max-first / exp-once, backward lean_backward_rows
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
