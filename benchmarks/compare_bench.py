@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Compare `python -m softmax_ops bench` runs of two trees (an A/B), case by case.
+
+Usage:
+    python benchmarks/compare_bench.py --base base-run1.json,base-run2.json --new new-run1.json,new-run2.json
+
+Prints one line per (op, dtype, shape[, k]) that both sides measured: softmax_ops' xCopy (xSum for fused_topk) in
+every base run, then in every new run, the kernel the new tree chose, and the mean change. Runs are listed, not
+averaged away: small shapes move by about +-0.1 between runs of the same code, and a conclusion needs the runs
+of both sides to separate (benchmarks/notes-softmax-tuning.md). This is how the A/B numbers in the notes and
+commit messages are read off the committed *-ab*-*.json files. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+
+OURS = "softmax_ops"
+
+Case = tuple[str, str, str, str]  # op, dtype, shape, k ("" outside fused_topk)
+
+
+def shape_text(shape) -> str:
+    return shape if isinstance(shape, str) else "x".join(str(n) for n in shape)
+
+
+def load_runs(paths: Iterable[str]) -> tuple[dict[Case, list[float]], dict[Case, str]]:
+    """softmax_ops' ratio per case, one entry per file that measured it, and the last kernel named."""
+    ratios: dict[Case, list[float]] = {}
+    kernels: dict[Case, str] = {}
+    for path in paths:
+        with open(path) as handle:
+            rows = json.load(handle)["rows"]
+        for row in rows:
+            ratio = row.get("xcopy", row.get("xsum"))
+            if row.get("impl") != OURS or ratio is None:
+                continue
+            case = (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", "")))
+            ratios.setdefault(case, []).append(float(ratio))
+            kernels[case] = row.get("kernel") or ""
+    return ratios, kernels
+
+
+def compare(base_paths: list[str], new_paths: list[str]) -> list[str]:
+    """One text line per case measured on both sides, in the order the base files list them."""
+    base, _ = load_runs(base_paths)
+    new, new_kernels = load_runs(new_paths)
+    lines = []
+    for case, base_runs in base.items():
+        new_runs = new.get(case)
+        if not new_runs:
+            continue
+        op, dtype, shape, k = case
+        label = f"{shape}k{k}" if k else shape
+        change = sum(new_runs) / len(new_runs) - sum(base_runs) / len(base_runs)
+        lines.append(f"{op:22s} {dtype:5s} {label:16s} base {' '.join(f'{r:.2f}' for r in base_runs):16s} "
+                     f"new {' '.join(f'{r:.2f}' for r in new_runs):16s} {change:+.2f}  {new_kernels[case]}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", required=True, help="comma-separated bench JSON files of the base tree")
+    parser.add_argument("--new", required=True, help="comma-separated bench JSON files of the new tree")
+    args = parser.parse_args(argv)
+    lines = compare(args.base.split(","), args.new.split(","))
+    if not lines:
+        print("no case was measured by both sides", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
