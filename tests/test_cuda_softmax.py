@@ -14,7 +14,13 @@ import os
 
 import pytest
 import torch
-from conftest import BLOCK_MAX_THREADS, HAS_CUDA, HOPPER_SMEM_OPTIN, assert_within_2x_torch, max_block_reg_packs
+from conftest import (
+    BLOCK_MAX_THREADS,
+    HAS_CUDA,
+    HOPPER_SMEM_OPTIN,
+    assert_within_2x_torch,
+    max_block_reg_packs,
+)
 from conftest import block_capacity_packs as block_capacity_packs_for
 
 import softmax_ops

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import block_capacity_packs
 
 import softmax_ops
-from conftest import block_capacity_packs
 
 CUDA_BUILT = bool(softmax_ops.list_kernels("softmax"))
 SM_COUNT = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
@@ -183,7 +183,7 @@ def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backwa
     with softmax_ops.force_kernel(op, "grid_onepass"):
         # 16-byte packs: the last cached length and one pack more; single elements: the first odd length beyond
         cached = softmax_ops.explain((3, last_cached), dtype, op=op) if vec > 1 else None
-        streamed = softmax_ops.explain((3, last_cached + (vec if vec > 1 else 1)), dtype, op=op)
+        streamed = softmax_ops.explain((3, last_cached + (max(1, vec))), dtype, op=op)
     if cached is not None:
         assert "kernel grid_onepass" in cached and "streamed" not in cached, cached
     assert "kernel grid_onepass" in streamed and "the rest of each chunk streamed" in streamed, streamed
