@@ -225,19 +225,10 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
         cache[s][p] = k < n_packs ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
       }
     }
-    auto visit_pack = [&](int p, auto&& fn) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        C v[S];
-#pragma unroll
-        for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
-        fn(v, j);
-      }
-    };
     // Two chains: with the default count the float16 instance spilled under the 32-register cap (ptxas).
     Acc acc = op.template accumulate<2>(Op::identity(), [&](auto&& fn) {
 #pragma unroll
-      for (int p = 0; p < PREG; ++p) visit_pack(p, fn);
+      for (int p = 0; p < PREG; ++p) visit_elements<C>(cache, p, fn);
     });
     acc = block_all_reduce(acc, scratch, [](Acc a, Acc b) { return Op::merge(a, b); });
     const typename Op::Row row_consts = op.finalize(acc);
@@ -246,7 +237,7 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
       const int k = p * threads + tid;
       if (k < n_packs) {
         Pack<Out, VEC> result;
-        visit_pack(p, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
+        visit_elements<C>(cache, p, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
         store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
       }
     }

@@ -139,6 +139,22 @@ __device__ __forceinline__ void wait_async_copies() {
 #endif
 }
 
+// Calls fn(v, j) for each element j of pack p of every stream: v[s] = element j of packs[s][p] in the
+// compute type C. The lean backward and the streaming passes visit through it (compiled to the same SASS as
+// their former copies, nvcc 13.0 sm_90). The warp kernel keeps its own loops: through this helper ptxas
+// allocated its registers differently (SASS of up to 25 of its 96 instances changed), which needs a GPU A/B
+// (session 6's exp-once refactor moved register allocation and measured slower on fp16 warp shapes).
+template <typename C, int S, typename T, int N, int P, typename Fn>
+__device__ __forceinline__ void visit_elements(const Pack<T, N> (&packs)[S][P], int p, Fn&& fn) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    C v[S];
+#pragma unroll
+    for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][p], j);
+    fn(v, j);
+  }
+}
+
 template <typename T, int N, typename C>
 __device__ __forceinline__ Pack<T, N> filled_pack(C value) {
   Pack<T, N> out;

@@ -57,15 +57,7 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
       }
       acc = op.accumulate(acc, [&](auto&& fn) {
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            C v[S];
-#pragma unroll
-            for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][u], j);
-            fn(v, j);
-          }
-        }
+        for (int u = 0; u < U; ++u) visit_elements<C>(packs, u, fn);
       });
     }
     total = Op::merge(total, acc);
@@ -103,13 +95,7 @@ __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row
       const int64_t k = first + static_cast<int64_t>(u) * threads;
       if (k < end) {
         Pack<Out, VEC> result;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          C v[S];
-#pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][u], j);
-          result.v[j] = op.apply(row_consts, v);
-        }
+        visit_elements<C>(packs, u, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
         store_vec<Out, VEC>(out + k * VEC, result);
       }
     }
