@@ -31,7 +31,8 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
         // The lean instance: 16-byte packs, kLeanRegPacks; 16-bit inputs, and 32-bit ones for the backward
         // (the forward also has the wide form; see lean_rows).
-        constexpr bool kCanLean = (sizeof(typename Op::In) == 2 || (Op::kStreams == 2 && sizeof(typename Op::In) == 4)) && kVec > 1 &&
+        constexpr bool kLeanInput = sizeof(typename Op::In) == 2 || (Op::kStreams == 2 && sizeof(typename Op::In) == 4);
+        constexpr bool kCanLean = kLeanInput && kVec > 1 &&
                                   (kRegPacks == kLeanRegPacks || (Op::kStreams == 1 && kRegPacks == kLeanWideRegPacks));
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {

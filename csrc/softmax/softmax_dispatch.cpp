@@ -478,7 +478,8 @@ class Chooser {
   // two streams do not fit 32 registers) in lean_backward_rows: up to 2048 threads per SM. For 16-bit streams
   // that is twice the loads in flight of the 64-register instance (2 packs per thread there too, 1024 threads);
   // float32 streams (256..1024 packs of 4: 1024-4096 columns) had 4 packs per thread there, about as many
-  // packs in flight as here, so their gain comes from elsewhere (shorter per-thread chains, more CTAs). H100, 2026-11-22, two interleaved A/B runs each against the 64-register instance: 16-bit
+  // packs in flight as here, so their gain comes from elsewhere (shorter per-thread chains, more CTAs; not
+  // profiled). H100, 2026-11-22, two interleaved A/B runs each against the 64-register instance: 16-bit
   // (*session7-ab2-*.json) 2048 x 2048 .. 32768 x 2048 softmax_backward geomean 0.94-0.95 -> 0.97-0.98 of
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
