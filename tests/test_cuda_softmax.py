@@ -583,6 +583,18 @@ def test_automatic_lean_block_rows_backward(n, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [1024, 1028, 2048, 4096])
+def test_automatic_lean_block_rows_backward_float32_streams_16bit_result(n, in_dtype, op):
+    """softmax(x_16bit, dtype=torch.float32) and its backward: float32 streams, a 16-bit gradient, through the
+    lean instance's BackwardOp<float, half / bfloat16> (explain cannot name a mixed pair: the plan is the
+    float32 one, lean_rows)."""
+    x = make_input((lean_rows(), n), in_dtype, seed=n + 3)
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), torch.float32, op=f"{op}_backward")
+    check_backward(op, x, -1, torch.float32)
+
+
+@pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
 def test_lean_block_rows_backward_grid_stride(shape, dtype, op):

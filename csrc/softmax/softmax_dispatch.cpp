@@ -486,9 +486,9 @@ class Chooser {
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
-    // float32 streams: the backward with a float32 result only; float32 streams with a 16-bit result (the
-    // backward of softmax(x_half, dtype=torch.float32)) have not run through it on a GPU yet.
-    const bool float_backward = p_.backward && g_.in_bytes == 4 && p_.out_dtype == DType::kFloat32;
+    // float32 streams: the backward, whatever its result dtype (float32, or 16-bit for the backward of
+    // softmax(x_half, dtype=torch.float32)).
+    const bool float_backward = p_.backward && g_.in_bytes == 4;
     if (g_.in_bytes != 2 && !float_backward) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
