@@ -1,4 +1,5 @@
-"""Runs a few softmax-family calls and their copy yardstick once each, for Nsight Compute to time kernels.
+"""Runs a few softmax-family calls and their copy yardstick (fused_topk: x.sum(-1)) once each, for Nsight
+Compute to time kernels.
 
 The bench's event timing of a small problem includes launch and L2-flush effects; under
 ``ncu --metrics gpu__time_duration.sum`` each kernel's own duration is reported, so the two can be
@@ -56,6 +57,7 @@ def main() -> None:
             logits = torch.randn(rows, cols, device="cuda", dtype=dtype) * 3
             print(f"--- fused_topk {case} {dtype_name}", flush=True)
             torch.cuda.synchronize()
+            logits.sum(-1)  # the xSum yardstick
             softmax_ops.fused_topk(logits, int(k), -1, False, torch.float32)
             torch.cuda.synchronize()
 

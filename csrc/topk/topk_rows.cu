@@ -20,6 +20,9 @@
 // Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
 // NaN or +inf has a NaN sum; a warp holding such a row redoes the selection with NaN-aware keys, from a
 // reload of the rows (rare; costs the fast path no registers).
+#include <array>
+#include <utility>
+
 #include "topk_device.cuh"
 #include "topk_launch.h"
 
@@ -28,9 +31,12 @@ namespace {
 
 constexpr int kSlots = kRowsSlotsPerThread;  // 32
 constexpr int kGroup = 8;                    // slots per accuracy group of the sum, and per skip test
-// 4 CTAs of 128 threads per SM at least: <= 128 registers per thread (measured with ptxas -v: see the
-// commit message; the float32 K = 8 variant is the largest).
-constexpr int kRowsMinBlocks = 4;
+// CTAs of 128 threads per SM at least, i.e. the register budget: 16-bit inputs 8 (<= 64 registers, 50% of
+// the SM's threads; ptxas -v, nvcc 13.0, sm_90: no spills; left free, the bfloat16 K = 8 instances took 70
+// registers and 7 CTAs per SM, and ran slower on an H100 than with 64), float32 4 (<= 128: its 64-bit words
+// take 86-95).
+template <typename TIn>
+constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? 8 : 4;
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
@@ -44,26 +50,58 @@ __device__ __forceinline__ void cas_desc(W& a, W& b) {
   a = hi;
 }
 
-// Sorts K words descending (bitonic network, K a power of two).
-template <int K, typename W>
-__device__ __forceinline__ void sort_desc(W (&c)[K]) {
-#pragma unroll
-  for (int size = 2; size <= K; size *= 2) {
-#pragma unroll
-    for (int stride = size / 2; stride > 0; stride /= 2) {
-#pragma unroll
-      for (int i = 0; i < K; ++i) {
-        const int j = i ^ stride;
-        if (j > i) {
-          if ((i & size) == 0) {
-            cas_desc(c[i], c[j]);
-          } else {
-            cas_desc(c[j], c[i]);
+// Batcher's odd-even merge sort as a compile-time list of compare-exchanges (K a power of two): 19 for
+// K = 8 and 5 for K = 4, against 24 and 6 for a bitonic sort. The kernel is bound by the ALU pipe, where each
+// exchange is two integer min/max (Nsight Compute, H100, 65536 x 256 k8 fp16: ALU pipe 77% busy, DRAM 25%;
+// session 8), so every exchange saved counts.
+struct Exchange {
+  int lo;  // gets the larger word
+  int hi;
+};
+
+template <int K>
+constexpr int odd_even_exchanges(Exchange* out) {
+  int count = 0;
+  for (int p = 1; p < K; p *= 2) {          // merge sorted blocks of p into blocks of 2p
+    for (int d = p; d >= 1; d /= 2) {       // compare at distance d ...
+      for (int j = d % p; j + d < K; j += 2 * d) {
+        for (int i = 0; i < d && i + j + d < K; ++i) {
+          if ((i + j) / (2 * p) == (i + j + d) / (2 * p)) {  // ... within one block of 2p
+            if (out != nullptr) out[count] = Exchange{i + j, i + j + d};
+            ++count;
           }
         }
       }
     }
   }
+  return count;
+}
+
+template <int K>
+struct OddEvenNetwork {
+  static constexpr int kSize = odd_even_exchanges<K>(nullptr);
+  static constexpr std::array<Exchange, kSize> kExchanges = [] {
+    std::array<Exchange, kSize> list{};
+    odd_even_exchanges<K>(list.data());
+    return list;
+  }();
+};
+
+template <int Lo, int Hi, int K, typename W>
+__device__ __forceinline__ void exchange_at(W (&c)[K]) {
+  cas_desc(c[Lo], c[Hi]);
+}
+
+template <int K, typename W, size_t... I>
+__device__ __forceinline__ void apply_network(W (&c)[K], std::index_sequence<I...>) {
+  using Net = OddEvenNetwork<K>;
+  (exchange_at<Net::kExchanges[I].lo, Net::kExchanges[I].hi>(c), ...);
+}
+
+// Sorts K words descending.
+template <int K, typename W>
+__device__ __forceinline__ void sort_desc(W (&c)[K]) {
+  apply_network(c, std::make_index_sequence<OddEvenNetwork<K>::kSize>{});
 }
 
 // list (sorted descending) becomes the K best of list and other (both sorted descending), sorted.
@@ -122,28 +160,30 @@ struct Words<float> {
 };
 
 // The thread's slots of its row (see the diagram above) and their raw bits: 16-bit values two per register.
-template <typename TIn>
+// kVector: the 16-byte layout (else scalar loads). A template parameter, not a run-time flag: each key
+// carries its column, and a run-time layout cost a select per value (and the scalar path's registers in the
+// vector kernel). The scalar float32 instances spill 56-88 bytes (ptxas, nvcc 13.0): rows whose length is
+// not a multiple of 4 values or whose data is not 16-byte aligned.
+template <typename TIn, bool kVector>
 struct RowSlots {
   static constexpr int V = 16 / sizeof(TIn);
   static constexpr int kRegs = kSlots * sizeof(TIn) / 4;
   int t;       // thread in the row
   int T;       // threads per row
-  bool vector;
   int used;    // slots any thread of the launch holds, rounded up to kGroup (launch-uniform)
   uint32_t raw[kRegs];
 
-  __device__ __forceinline__ RowSlots(int n, int t_, int T_, bool vector_) : t(t_), T(T_), vector(vector_) {
-    const int per_thread = vector ? (n / V + T - 1) / T * V : (n + T - 1) / T;
+  __device__ __forceinline__ RowSlots(int n, int t_, int T_) : t(t_), T(T_) {
+    const int per_thread = kVector ? (n / V + T - 1) / T * V : (n + T - 1) / T;
     used = (per_thread + kGroup - 1) / kGroup * kGroup;
   }
   __device__ __forceinline__ bool group_used(int g) const { return g * kGroup < used; }
-  __device__ __forceinline__ int column(int s) const {
-    return vector ? ((s / V) * T + t) * V + s % V : s * T + t;
-  }
+  // The layout is a template parameter: a run-time choice cost a select per value in the key's column.
+  __device__ __forceinline__ int column(int s) const { return kVector ? ((s / V) * T + t) * V + s % V : s * T + t; }
 
   // Loads the row (active == false: every slot -inf).
   __device__ __forceinline__ void load(const TIn* row, int n, bool active) {
-    if (vector) {
+    if constexpr (kVector) {
       const int packs = active ? n / V : 0;
 #pragma unroll
       for (int p = 0; p < kSlots / V; ++p) {
@@ -174,6 +214,33 @@ struct RowSlots {
     }
   }
 
+  // The largest value of the thread's used slots (NaN ignored, as fmaxf; -inf when there is none). 16-bit
+  // values two at a time (HMNMX2 on the raw pairs: half the ALU instructions of a float max per value).
+  __device__ __forceinline__ float max_value() const {
+    if constexpr (kIs16<TIn>) {
+      using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
+      const auto pair = [&](int r) {
+        Pair v;
+        __builtin_memcpy(&v, &raw[r], sizeof(v));
+        return v;
+      };
+      Pair best[2] = {pair(0), pair(1)};  // group 0 (slots 0-7, registers 0-3) is always used
+#pragma unroll
+      for (int r = 2; r < kRegs; ++r) {
+        if (group_used(2 * r / kGroup)) best[r % 2] = __hmax2(best[r % 2], pair(r));
+      }
+      const Pair m = __hmax2(best[0], best[1]);
+      return fmaxf(__low2float(m), __high2float(m));
+    } else {
+      float m = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) {
+        if (group_used(s / kGroup)) m = fmaxf(m, value(s));
+      }
+      return m;
+    }
+  }
+
   __device__ __forceinline__ float value(int s) const {
     if constexpr (std::is_same_v<TIn, __half>) {
       return __half2float(__ushort_as_half(static_cast<unsigned short>(raw[s / 2] >> (16 * (s % 2)))));
@@ -187,8 +254,8 @@ struct RowSlots {
 
 // The row's top-K words, sorted, in every thread of the row. kSums: also the thread's sum of exp(x - shift)
 // (groups of 8 terms summed on their own first).
-template <int K, bool kNanAware, typename TIn>
-__device__ __forceinline__ void select_row(const RowSlots<TIn>& at, float shift, float* sum,
+template <int K, bool kNanAware, typename TIn, bool kVector>
+__device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, float shift, float* sum,
                                            typename Words<TIn>::W (&list)[K]) {
   using W = typename Words<TIn>::W;
 #pragma unroll
@@ -209,7 +276,12 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn>& at, float shift,
         chunk[i] = Words<TIn>::template make<kNanAware>(f, at.column(s));
       }
       sort_desc(chunk);
-      keep_best(list, chunk);
+      if (g == 0 && c == 0) {  // the first chunk is the list: no merge with an empty one
+#pragma unroll
+        for (int i = 0; i < K; ++i) list[i] = chunk[i];
+      } else {
+        keep_best(list, chunk);
+      }
     }
     total += group_sum;
   }
@@ -222,10 +294,10 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn>& at, float shift,
   }
 }
 
-template <typename TIn, typename TOut, int K>
-__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks)
+template <typename TIn, typename TOut, int K, bool kVector>
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
-                     int64_t rows, int n, int k, int T, bool renormalize, bool vector_loads) {
+                     int64_t rows, int n, int k, int T, bool renormalize) {
   using W = typename Words<TIn>::W;
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
   const int t = threadIdx.x & (T - 1);
@@ -234,14 +306,10 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks)
   const bool active = row < rows;
   const TIn* xr = x + (active ? row : 0) * static_cast<int64_t>(n);
 
-  RowSlots<TIn> at(n, t, T, vector_loads);
+  RowSlots<TIn, kVector> at(n, t, T);
   at.load(xr, n, active);
 
-  float m = -INFINITY;  // NaN dropped by fmax
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    if (at.group_used(s / kGroup)) m = fmaxf(m, at.value(s));
-  }
+  float m = at.max_value();  // NaN dropped, as by fmaxf
   for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
   const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
 
@@ -311,11 +379,13 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
       const int K = static_cast<int>(next_pow2(problem.k));
       return dispatch_int<1, 2, 4, 8>(K, [&](auto k_tag) {
         constexpr int kK = decltype(k_tag)::value;
+        const auto kernel = plan.vector_loads ? topk_rows_kernel<TIn, TOut, kK, true>
+                                              : topk_rows_kernel<TIn, TOut, kK, false>;
         const int64_t rows_per_block = kRowsThreads / T;
         const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
-        topk_rows_kernel<TIn, TOut, kK><<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
+        kernel<<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
             static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
-            static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize, plan.vector_loads);
+            static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize);
         return cudaGetLastError();
       });
     }
