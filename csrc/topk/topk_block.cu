@@ -62,6 +62,8 @@ struct ChunkTopk {
   // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
   // register per value before packing, and float64 values take two: with prefetch both spilled (ptxas).
   static constexpr bool kPrefetch = kVectorLoads && sizeof(TIn) <= 4;
+  // block_radix_threshold's side list pays for 16-bit inputs only (see there).
+  static constexpr bool kSideList = sizeof(TIn) == 2;
 
   // A thread's share of a tile as loaded: U x 16 bytes of TIn.
   struct RawTile {
@@ -160,7 +162,8 @@ struct ChunkTopk {
     __syncthreads();  // buf is free (the previous user, if any, is done)
     buf[threadIdx.x] = mine;
     __syncthreads();
-    return block_radix_threshold<Ops>(buf, kBlockThreads, k, s);  // ends with a barrier: buf is free again
+    // Ends with a barrier: buf is free again.
+    return block_radix_threshold<Ops, kSideList>(buf, kBlockThreads, k, s);
   }
 
   // Mask of the first tile's values at or above the floor: key above the floor's (the filter_bound compare,
@@ -248,7 +251,7 @@ struct ChunkTopk {
       if (fill_bound > cap - kTileElems) {
         const int count = s.count;
         if (count > cap - kTileElems) {
-          const Cand threshold = block_radix_threshold<Ops>(buf, count, k, s);
+          const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
           fill_bound = block_compact<Ops>(buf, count, threshold, s);
           bound = filter_bound<C>(Ops::key(threshold));
           closed = is_nan_key(Ops::key(threshold));
@@ -261,7 +264,7 @@ struct ChunkTopk {
     __syncthreads();
     int count = s.count;
     if (count > k) {
-      const Cand threshold = block_radix_threshold<Ops>(buf, count, k, s);
+      const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
       count = block_compact<Ops>(buf, count, threshold, s);
       *kth = threshold;
     } else {
@@ -342,7 +345,7 @@ __device__ RowStats<C> merged_row_stats(const RowStats<C>* chunk_stats, int spli
 // The merging CTA: streams the other chunks' candidates (own chunk `own` is already in buf[0, count)) through
 // the buffer, keeping those at or above `threshold` (a lower bound of the row's k-th best: the own chunk's
 // k-th, or none), compacting when the next step could overflow. Returns the count of the row's k best.
-template <typename Ops>
+template <typename Ops, bool kSideList>
 __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int splits, int own, int k, int cap,
                                       typename Ops::Type threshold, typename Ops::Type* buf, int count,
                                       SelectScratch& s) {
@@ -368,14 +371,14 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
     __syncthreads();
     count = s.count;
     if (count > cap - kMergeChunk) {
-      threshold = block_radix_threshold<Ops>(buf, count, k, s);
+      threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
       count = block_compact<Ops>(buf, count, threshold, s);
     } else {
       __syncthreads();  // every thread has read s.count before the next step appends
     }
   }
   if (count > k) {
-    const Cand kth = block_radix_threshold<Ops>(buf, count, k, s);
+    const Cand kth = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
     count = block_compact<Ops>(buf, count, kth, s);
   }
   return count;
@@ -414,7 +417,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
 
   stats = merged_row_stats(ws.stats + row * splits, splits, scratch.stats);
   // A chunk that kept k candidates bounds the row's k-th best from below: k distinct values reach its kth.
-  count = merge_chunk_candidates<Ops>(row_cand, splits, part, k, cap, kth, buf, count, scratch.select);
+  count = merge_chunk_candidates<Ops, Chunk::kSideList>(row_cand, splits, part, k, cap, kth, buf, count,
+                                                        scratch.select);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 

@@ -428,12 +428,19 @@ __device__ __forceinline__ RowStats<C> block_merge_stats(RowStats<C> s, RowStats
 
 // ---- block-wide selection in shared memory -------------------------------------------------------
 
+// Candidates of a small radix bucket, scanned instead of the whole buffer by block_radix_threshold's later
+// digit passes (16 bytes per entry: float64's candidates; 8 for the others).
+constexpr int kSelectSideEntries = 64;
+
 struct SelectScratch {
   int hist[256];
-  int count;      // entries in the candidate buffer
-  int digit;      // radix step result, broadcast to the block
+  int count;       // entries in the candidate buffer
+  int digit;       // radix step result, broadcast to the block
   int remaining;
   int done;
+  int bucket;      // entries in the chosen bucket
+  int side_count;  // entries copied into side by the current pass
+  alignas(16) unsigned char side[kSelectSideEntries * 16];
 };
 
 // Appends c at a slot of buf taken from *counter with one atomic per warp. Every lane of the warp calls it.
@@ -508,6 +515,7 @@ struct DigitChoice {
   int digit;      // the bucket holding the remaining-th best entry
   int remaining;  // how many of that bucket's entries are still needed
   bool done;      // the bucket holds exactly that many: every entry with the prefix is selected
+  int bucket;     // how many entries that bucket holds
 };
 
 // Called by all 32 lanes of one warp on a 256-bin histogram of the entries matching the current prefix:
@@ -532,6 +540,7 @@ __device__ __forceinline__ DigitChoice warp_choose_digit(const int* hist, int re
   int found = -1;
   int found_remaining = 0;
   bool found_done = false;
+  int found_bucket = 0;
   if (above < remaining && remaining <= inclusive) {
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -539,6 +548,7 @@ __device__ __forceinline__ DigitChoice warp_choose_digit(const int* hist, int re
         found = 255 - 8 * lane - j;
         found_remaining = remaining - above;
         found_done = h[j] == found_remaining;
+        found_bucket = h[j];
       }
       above += h[j];
     }
@@ -551,6 +561,7 @@ __device__ __forceinline__ DigitChoice warp_choose_digit(const int* hist, int re
   choice.digit = __shfl_sync(kFullMask, found < 0 ? 0 : found, owner);
   choice.remaining = __shfl_sync(kFullMask, found < 0 ? remaining : found_remaining, owner);
   choice.done = __shfl_sync(kFullMask, found_done ? 1 : 0, owner) != 0;
+  choice.bucket = __shfl_sync(kFullMask, found_bucket, owner);
   return choice;
 }
 
@@ -558,34 +569,60 @@ __device__ __forceinline__ DigitChoice warp_choose_digit(const int* hist, int re
 // them satisfy at_least(c, P). MSB-first 8-bit digits with a shared-memory histogram; stops at the first
 // digit whose bucket holds exactly the entries still needed. Duplicated entries (only "none" fillers) can
 // keep it from stopping early; it then returns the full k-th value. Every thread returns P.
-template <typename Ops>
+//
+// Each pass counts only the entries matching the prefix, but reads them all. With kSideList, once the chosen
+// bucket holds at most kSelectSideEntries entries, the next pass also copies the ones it counts (exactly that
+// bucket) into s.side, and the passes after it scan that list instead of the buffer. 16-bit inputs need 7-8
+// passes when the k-th value is tied (their keys' low digits never split, so index digits must): H100,
+// 8 x 262144 k1024 fp16 122 -> 102 us, bf16 129 -> 102 (session 8, *session8-ab5-*). float32 keys split in
+// 2-3 passes and lost there (91 -> 97 us), so their callers leave it off. Reading 4 entries per thread per
+// iteration instead of 1 cost the k = 50 cases 2-7% (1024 x 50000, 64 x 151936) and was dropped.
+template <typename Ops, bool kSideList>
 __device__ typename Ops::Type block_radix_threshold(const typename Ops::Type* buf, int count, int k,
                                                     SelectScratch& s) {
   using Cand = typename Ops::Type;
+  static_assert(sizeof(Cand) <= 16, "side list entries are 16 bytes at most");
+  Cand* const side = reinterpret_cast<Cand*>(s.side);
+  const Cand* src = buf;  // the entries the next pass scans: the buffer, or the side list
+  int src_count = count;
+  bool fill_side = false;  // block-uniform: the next pass copies what it counts into the side list
   Cand prefix = Ops::none();
   int remaining = k;
   for (int d = 0; d < Ops::kDigits; ++d) {
     for (int i = threadIdx.x; i < 256; i += blockDim.x) s.hist[i] = 0;
+    if (threadIdx.x == 0) s.side_count = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < count; i += blockDim.x) {
-      const Cand c = buf[i];
-      if (Ops::prefix_matches(c, prefix, d)) atomicAdd(&s.hist[Ops::digit(c, d)], 1);
+    for (int i = threadIdx.x; i < src_count; i += blockDim.x) {
+      const Cand c = src[i];
+      if (Ops::prefix_matches(c, prefix, d)) {
+        atomicAdd(&s.hist[Ops::digit(c, d)], 1);
+        if (fill_side) side[atomicAdd(&s.side_count, 1)] = c;
+      }
     }
     __syncthreads();
+    if (fill_side) {  // s.side_count is reset only after the next barrier: every thread reads it here
+      src = side;
+      src_count = s.side_count;
+      fill_side = false;
+    }
     if (threadIdx.x < kWarpSize) {
       const DigitChoice choice = warp_choose_digit(s.hist, remaining);
       if (threadIdx.x == 0) {
         s.digit = choice.digit;
         s.remaining = choice.remaining;
         s.done = choice.done ? 1 : 0;
+        s.bucket = choice.bucket;
       }
     }
     __syncthreads();
     prefix = Ops::with_digit(prefix, d, s.digit);
     remaining = s.remaining;
     const bool done = s.done != 0;
-    // s.digit/remaining/done are rewritten only after two more barriers (next iteration), hist after one.
+    // s.digit/remaining/done/bucket are rewritten only after two more barriers (next iteration), hist and
+    // side_count after one.
     if (done) break;
+    // The next pass counts exactly the chosen bucket's entries: when they fit, it copies them to the side list.
+    if (kSideList && src != side && s.bucket <= kSelectSideEntries) fill_side = true;
   }
   __syncthreads();
   return prefix;

@@ -73,7 +73,7 @@ constexpr int kMergeChunk = kBlockThreads * 8;
 // Free slots kept beyond k + one tile, so that a compaction runs only after this many insertions.
 constexpr int kCandidateSlack = 2048;
 // Static shared memory of the block-family kernels (select scratch + reduction scratch), upper bound.
-constexpr size_t kBlockStaticSmem = 2048;
+constexpr size_t kBlockStaticSmem = 3072;  // BlockScratch (topk_block.cu), with the select side list
 
 // Bytes of one candidate: a 64-bit (key, ~index) word, or 16 bytes for float64's 64-bit keys.
 inline size_t candidate_bytes(DType in) { return in == DType::kFloat64 ? 16 : 8; }
