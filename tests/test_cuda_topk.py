@@ -384,6 +384,49 @@ def test_forced_kernel_on_impossible_shape_raises():
             softmax_ops.fused_topk(x, k)
 
 
+def near_tie_rows(n: int, k: int, seed: int) -> torch.Tensor:
+    """float32 rows whose values agree in their top bits: the rows kernel ranks float32 first by 32-bit words
+    of a key's top 23 bits (values within ~2^-14 of each other tie there) and must fall back to exact words
+    wherever such a tie touches the selection. Row kinds: a cluster of near-equal values straddling the k-th
+    rank; near-equal values inside the top k; the (k+1)-th near-equal to the k-th; exact duplicates at the
+    boundary; a near-equal cluster far below the top k (the fast words are exact there)."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    for kind in ("straddle", "inside", "next", "duplicates", "below"):
+        row = torch.rand(n, generator=generator, dtype=torch.float64) * 2.0 - 4.0  # [-4, -2)
+        columns = torch.randperm(n, generator=generator)
+        cluster = 2.0 * (1.0 + torch.arange(12, dtype=torch.float64) * 2.0**-20)  # 12 distinct float32 values
+        if kind == "straddle":
+            row[columns[: min(12, n)]] = cluster[: min(12, n)]
+        elif kind == "inside":
+            row[columns[:k]] = 3.0 + torch.arange(k, dtype=torch.float64)
+            row[columns[0]], row[columns[1]] = cluster[0], cluster[1]
+        elif kind == "next":
+            row[columns[:k]] = 3.0 + torch.arange(k, dtype=torch.float64)
+            row[columns[k - 1]] = cluster[1]
+            if n > k:
+                row[columns[k]] = cluster[0]
+        elif kind == "duplicates":
+            row[columns[: min(k + 3, n)]] = 2.5
+        else:
+            row[columns[: min(12, n)]] = -3.0 * (1.0 + torch.arange(min(12, n), dtype=torch.float64) * 2.0**-20)
+            row[columns[min(12, n) : min(12 + k, n)]] = 3.0 + torch.arange(min(k, max(n - 12, 0)), dtype=torch.float64)
+        rows.append(row)
+    return torch.stack(rows).float().cuda()
+
+
+@requires_cuda
+@pytest.mark.parametrize("renormalize", [False, True])
+@pytest.mark.parametrize("n,k", [(8, 8), (64, 6), (100, 8), (256, 8), (512, 8), (160, 2), (60, 1)])
+def test_rows_float32_near_ties(n, k, renormalize):
+    """float32 rows kernel: near-equal and equal values at and around the k-th rank select and order exactly
+    as the float64 reference (ties to the lower index), through the exact-word fallback."""
+    x = near_tie_rows(n, k, seed=n + k)
+    with softmax_ops.force_kernel("topk", "rows"):
+        check_topk(x, k, -1, renormalize)
+        check_topk(misaligned(x), k, -1, renormalize)  # the scalar-load instance
+
+
 @requires_cuda
 def test_rows_beyond_32_bit_element_offsets():
     """> 2^31 elements in total: 64-bit row offsets in the warp and block kernels."""
@@ -503,9 +546,10 @@ def test_list_kernels_and_explain():
     assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
     text = softmax_ops.explain((16384, 160), torch.float16, op="fused_topk", k=6)
     assert "kernel 'rows'" in text and "SMs" in text
-    # float32 rows beyond rows_auto_max_n_fp32 (128) go to the warp kernel
+    # float32 rows beyond rows_auto_max_n_fp32 (256) go to the warp kernel
     assert "kernel 'rows'" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
-    assert "kernel 'warp'" in softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=6)
+    assert "kernel 'rows'" in softmax_ops.explain((65536, 256), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'warp'" in softmax_ops.explain((16384, 512), torch.float32, op="fused_topk", k=8)
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)
     assert "kernel 'warp'" in text
     assert "kernel 'warp'" in softmax_ops.explain((16384, 64), torch.float64, op="fused_topk", k=4)

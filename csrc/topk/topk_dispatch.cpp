@@ -41,7 +41,7 @@ struct TopkHeuristics {
   // threads of 16 values). Fewer threads per row cost fewer merge steps (each ~K shuffles + a half-cleaner).
   int64_t rows_min_warps_per_sm = 8;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
-  int64_t rows_auto_max_n_fp32 = 128;
+  int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
@@ -85,10 +85,11 @@ bool rows_fits(int64_t n, int64_t k, DType dtype) {
   return rows_dtype(dtype) && n <= kRowsMaxN && k <= kRowsMaxK;
 }
 
-// The longest rows the dispatcher sends to the rows kernel (forcing it reaches kRowsMaxN). float32 keys
-// are 64-bit words there, three times the integer work of 16-bit ones; on H200 (2026-11-22, tune_topk.py)
-// fp32 rows beat the warp kernel up to N = 128 (16384x64 k6: 13.2 vs 16.1 us) and lost beyond
-// (16384x160 k6: 23.7 vs 18.8 us; 65536x256 k8: 90.7 vs 66.9 us); 16-bit rows won everywhere up to 512.
+// The longest rows the dispatcher sends to the rows kernel (forcing it reaches kRowsMaxN). float32 rows
+// rank by 32-bit words of a key's top 23 bits first (an exact 64-bit redo where a near-tie touches the
+// selection); on an H100 (2026-11-22, tune_topk.py, *session8-ab7-*) they beat the warp kernel up to N = 256
+// (65536x256 k8: 64.3 vs 67.2 us; 16384x64 k6: 12.4 vs 17.0), tied at 160 (16384x160 k6: 19.4 vs 19.0) and
+// lost at 512 (16384x512 k8: 36.0 vs 32.4); 16-bit rows won everywhere up to 512.
 int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuristics.rows_auto_max_n_fp32 : kRowsMaxN; }
 
 int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {

@@ -159,6 +159,29 @@ struct Words<float> {
   static __device__ __forceinline__ int column(W w) { return static_cast<int>(~static_cast<uint32_t>(w)); }
 };
 
+// float32's first try: 32-bit words of the key's top 23 bits and a 9-bit column (N <= 512), through the same
+// 32-bit networks as 16-bit inputs. A 64-bit compare-exchange is a compare pair and four selects where a
+// 32-bit one is two min/max, and the kernel is bound by the ALU pipe. The truncation ties values whose keys
+// agree in their top 23 bits (relative differences below ~2^-14) and ranks them by column instead:
+// trunc_selection_exact finds the rows where such a tie touches the selection, and they are redone with the
+// exact 64-bit words.
+struct TruncFloatWords {
+  using W = uint32_t;
+  static constexpr uint32_t kColumnMask = 0x1ffu;
+  static_assert(kRowsMaxN <= kColumnMask + 1, "a row's columns must fit the word's low bits");
+  template <bool kNanAware>
+  static __device__ __forceinline__ W make(float f, int column) {
+    return (float_key<kNanAware>(f) & ~kColumnMask) | (kColumnMask - static_cast<uint32_t>(column));
+  }
+  static __device__ __forceinline__ int column(W w) { return static_cast<int>(kColumnMask - (w & kColumnMask)); }
+  static __device__ __forceinline__ uint32_t truncated_key(W w) { return w & ~kColumnMask; }
+  // The smallest float whose key has w's top 23 bits.
+  static __device__ __forceinline__ float lowest_value(W w) {
+    const uint32_t key = truncated_key(w);
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+  }
+};
+
 // The thread's slots of its row (see the diagram above) and their raw bits: 16-bit values two per register.
 // kVector: the 16-byte layout (else scalar loads). A template parameter, not a run-time flag: each key
 // carries its column, and a run-time layout cost a select per value (and the scalar path's registers in the
@@ -254,10 +277,10 @@ struct RowSlots {
 
 // The row's top-K words, sorted, in every thread of the row. kSums: also the thread's sum of exp(x - shift)
 // (groups of 8 terms summed on their own first).
-template <int K, bool kNanAware, typename TIn, bool kVector>
+template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector>
 __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, float shift, float* sum,
-                                           typename Words<TIn>::W (&list)[K]) {
-  using W = typename Words<TIn>::W;
+                                           typename Wd::W (&list)[K]) {
+  using W = typename Wd::W;
 #pragma unroll
   for (int i = 0; i < K; ++i) list[i] = W(0);
   float total = 0.0f;
@@ -273,7 +296,7 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, flo
         const int s = g * kGroup + c + i;
         const float f = at.value(s);
         if (sum != nullptr) group_sum += exp_shifted(f, shift);
-        chunk[i] = Words<TIn>::template make<kNanAware>(f, at.column(s));
+        chunk[i] = Wd::template make<kNanAware>(f, at.column(s));
       }
       sort_desc(chunk);
       if (g == 0 && c == 0) {  // the first chunk is the list: no merge with an empty one
@@ -294,11 +317,50 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, flo
   }
 }
 
+// float32's fast words chose exactly what the exact words would when the k chosen have distinct truncated
+// keys and no other value of the row shares the k-th's: then exactly k values are at or above the lowest
+// value with the k-th's truncated key (every value with a larger truncated key was chosen). One compare per
+// value, summed over the row's T threads; every thread of the warp calls it.
+template <int K, bool kVector>
+__device__ __forceinline__ bool trunc_selection_exact(const RowSlots<float, kVector>& at, const uint32_t (&list)[K],
+                                                      int k) {
+  using Wd = TruncFloatWords;
+  bool distinct = true;
+#pragma unroll
+  for (int i = 0; i + 1 < K; ++i) {
+    if (i + 1 < k) distinct = distinct && Wd::truncated_key(list[i]) != Wd::truncated_key(list[i + 1]);
+  }
+  const float floor = Wd::lowest_value(pick(list, k - 1));
+  int at_or_above = 0;
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    if (at.group_used(s / kGroup)) at_or_above += at.value(s) >= floor ? 1 : 0;
+  }
+  for (int offset = 1; offset < at.T; offset *= 2) at_or_above += __shfl_xor_sync(kFullMask, at_or_above, offset);
+  return distinct && at_or_above == k;
+}
+
+// This thread's ranks r = t + j*T (r < k) from a sorted list of exact words: value and column.
+template <typename Wd, int K>
+__device__ __forceinline__ void take_ranks(const typename Wd::W (&list)[K], int t, int T, int k, float (&v)[K],
+                                           int (&col)[K]) {
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    if (j * T < K) {  // launch-uniform
+      const int r = t + j * T;
+      const typename Wd::W w = pick(list, r);  // list[r] for a run-time r, without local memory
+      if (r < k) {
+        v[j] = Wd::value(w);
+        col[j] = Wd::column(w);
+      }
+    }
+  }
+}
+
 template <typename TIn, typename TOut, int K, bool kVector>
 __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
-  using W = typename Words<TIn>::W;
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
   const int t = threadIdx.x & (T - 1);
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x) / T;
@@ -313,34 +375,61 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
   for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
   const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
 
-  W list[K];
+  // Rank r = t + j*T is this thread's: its value and column.
+  float v[K];
+  int col[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    v[j] = 0.0f;
+    col[j] = 0;
+  }
   float sum;
-  select_row<K, false>(at, shift, &sum, list);
-  for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-  // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
-  if (__any_sync(kFullMask, sum != sum)) {
-    at.load(xr, n, active);
-    select_row<K, true>(at, shift, nullptr, list);
+  if constexpr (kIs16<TIn>) {
+    typename Words<TIn>::W list[K];
+    select_row<K, false, Words<TIn>>(at, shift, &sum, list);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
+    if (__any_sync(kFullMask, sum != sum)) {
+      at.load(xr, n, active);
+      select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
+    }
+    take_ranks<Words<TIn>>(list, t, T, k, v, col);
+  } else {
+    uint32_t fast[K];
+    select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    const bool exact = trunc_selection_exact(at, fast, k);
+    // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
+    if (__any_sync(kFullMask, sum != sum || !exact)) {
+      at.load(xr, n, active);
+      typename Words<float>::W list[K];
+      select_row<K, true, Words<float>>(at, shift, nullptr, list);
+      take_ranks<Words<float>>(list, t, T, k, v, col);
+    } else {
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        if (j * T < K) {  // launch-uniform
+          const int r = t + j * T;
+          const uint32_t w = pick(fast, r);
+          if (r < k) {
+            col[j] = TruncFloatWords::column(w);
+            v[j] = __ldg(xr + col[j]);  // the exact value (the word kept 23 bits of its key)
+          }
+        }
+      }
+    }
   }
   const float divisor = probability_divisor(RowStats<float>{m, sum});
 
-  // Rank r = t + j*T is this thread's: its probability accurately (expf, IEEE division).
-  constexpr int J = K;  // at most K ranks per thread (T = 1)
-  float p[J];
-  int col[J];
+  // The probabilities accurately (expf, IEEE division).
+  float p[K];
   float partial = 0.0f;
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
+  for (int j = 0; j < K; ++j) {
     p[j] = 0.0f;
-    col[j] = 0;
-    if (j * T < K) {  // launch-uniform
-      const int r = t + j * T;
-      const W w = pick(list, r);  // list[r] for a run-time r, without local memory
-      if (r < k) {
-        p[j] = exp_precise(Words<TIn>::value(w) - m) / divisor;
-        col[j] = Words<TIn>::column(w);
-        partial += p[j];
-      }
+    if (j * T < K && t + j * T < k) {
+      p[j] = exp_precise(v[j] - m) / divisor;
+      partial += p[j];
     }
   }
   TOut* vr = values + (active ? row : 0) * k;
@@ -352,7 +441,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
   }
   if (!active) return;
 #pragma unroll
-  for (int j = 0; j < J; ++j) {
+  for (int j = 0; j < K; ++j) {
     const int r = t + j * T;
     if (j * T < K && r < k) {
       vr[r] = detail::convert<TOut>(renormalize ? p[j] / total : p[j]);
