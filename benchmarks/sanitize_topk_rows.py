@@ -1,0 +1,24 @@
+"""compute-sanitizer target for the fused_topk rows kernel, forced on small awkward shapes: vector and
+misaligned (scalar) loads, every K instance, renormalize on/off, partial CTAs, and rows of equal values (float32's
+exact-word fallback).
+
+Usage on a GPU machine: compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_topk_rows.py
+"""
+import torch
+
+import softmax_ops
+
+runs = 0
+with softmax_ops.force_kernel("topk", "rows"):
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for rows, n in [(1, 1), (37, 7), (37, 64), (5, 100), (33, 160), (3, 257), (37, 512)]:
+            for k in sorted({1, min(2, n), min(5, n), min(8, n)}):
+                for offset in (0, 1):  # 1: the data one element past a 16-byte boundary (scalar loads)
+                    flat = torch.empty(rows * n + offset, device="cuda", dtype=dtype)[offset:]
+                    x = flat.view(rows, n).copy_(torch.randn(rows, n, device="cuda") * 3)
+                    softmax_ops.fused_topk(x, k, -1, k % 2 == 0)
+                    x[:, : n // 2] = 1.5  # equal values: float32 takes the exact-word fallback
+                    softmax_ops.fused_topk(x, k, -1, k % 2 == 0)
+                    runs += 2
+torch.cuda.synchronize()
+print(f"rows kernel: {runs} runs")
