@@ -11,15 +11,17 @@
 //
 // Per thread: the max (shuffled over T), then per group of 8 slots the sum of exp(x - max) on its own
 // (added to the thread's sum) and a word per slot whose unsigned order is the ranking order: NaN first, larger
-// value, lower column on ties; -0 == +0; words of a row are distinct. Each group of K words is sorted by a
-// bitonic network and merged into the thread's sorted top-K list (K = k rounded up to a power of two):
+// value, lower column on ties; -0 == +0; words of a row are distinct. Each group of K words is sorted by an
+// odd-even merge network and merged into the thread's sorted top-K list (K = k rounded up to a power of two):
 // c[i] = max(list[i], group[K-1-i]) is bitonic and holds the K best of both; a half-cleaner sorts it. The T
 // lists are merged the same way across the row's threads (every thread ends with the row's list).
 //   float16/bfloat16 words: 32 bits, order key of the float value (whose low 13 bits are zero) | 0x1fff - col
-//   float32 words:          64 bits, order key << 32 | ~col
+//   float32 words, first:   32 bits, the order key's top 23 bits | 0x1ff - col (TruncFloatWords); exact only
+//                           where no two values near the k-th rank share those bits (trunc_selection_exact)
+//   float32 words, exact:   64 bits, order key << 32 | ~col
 // Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
-// NaN or +inf has a NaN sum; a warp holding such a row redoes the selection with NaN-aware keys, from a
-// reload of the rows (rare; costs the fast path no registers).
+// NaN or +inf has a NaN sum; a warp holding such a row (or, for float32, a row whose truncated words were not
+// exact) redoes the selection with exact NaN-aware words, from a reload of the rows (rare).
 #include <array>
 #include <utility>
 
@@ -30,11 +32,11 @@ namespace softmax_ops::topk {
 namespace {
 
 constexpr int kSlots = kRowsSlotsPerThread;  // 32
-constexpr int kGroup = 8;                    // slots per accuracy group of the sum, and per skip test
+constexpr int kGroup = 8;                    // slots per accuracy group of the sum
 // CTAs of 128 threads per SM at least, i.e. the register budget: 16-bit inputs 8 (<= 64 registers, 50% of
 // the SM's threads; ptxas -v, nvcc 13.0, sm_90: no spills; left free, the bfloat16 K = 8 instances took 70
-// registers and 7 CTAs per SM, and ran slower on an H100 than with 64), float32 4 (<= 128: its 64-bit words
-// take 86-95).
+// registers and 7 CTAs per SM, and ran slower on an H100 than with 64), float32 4 (<= 128: the vector instances
+// take 72-78 registers, the scalar ones 128 with spills).
 template <typename TIn>
 constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? 8 : 4;
 
@@ -190,7 +192,7 @@ struct TruncFloatWords {
 // The thread's slots of its row (see the diagram above) and their raw bits: 16-bit values two per register.
 // kVector: the 16-byte layout (else scalar loads). A template parameter, not a run-time flag: each key
 // carries its column, and a run-time layout cost a select per value (and the scalar path's registers in the
-// vector kernel). The scalar float32 instances spill 56-88 bytes (ptxas, nvcc 13.0): rows whose length is
+// vector kernel). The scalar float32 instances spill 16-76 bytes (ptxas, nvcc 13.0): rows whose length is
 // not a multiple of 4 values or whose data is not 16-byte aligned.
 template <typename TIn, bool kVector>
 struct RowSlots {
