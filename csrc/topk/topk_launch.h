@@ -5,7 +5,7 @@
 // Kernel menu (DESIGN.md §4, "fused_topk has its own menu"):
 //   warp      one warp or sub-warp (1-32 lanes) per row, the row in registers: router rows, N <= 1024.
 //   rows      1-16 threads per row, each with up to 32 values and
-//             a sorted top-K list in registers (k <= 8, N <= 512, 16/32-bit inputs): bitonic networks, no
+//             a sorted top-K list in registers (k <= 8, N <= 512, 16/32-bit inputs): sorting networks, no
 //             shared memory; the router shapes' kernel.
 //   block     one CTA per row: online (max, sum) and a threshold-filtered candidate buffer in shared memory,
 //             block radix select to compact it, bitonic sort of the final k.
