@@ -288,6 +288,8 @@ template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector>
 __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, float shift, float* sum,
                                            typename Wd::W (&list)[K]) {
   using W = typename Wd::W;
+  // Also keeps list defined for the compiler, which cannot see that group 0 is always used (without it the
+  // SASS changed, session 8).
 #pragma unroll
   for (int i = 0; i < K; ++i) list[i] = W(0);
   float total = 0.0f;
@@ -347,21 +349,28 @@ __device__ __forceinline__ bool trunc_selection_exact(const RowSlots<float, kVec
   return distinct && at_or_above == k;
 }
 
-// This thread's ranks r = t + j*T (r < k) from a sorted list of exact words: value and column.
-template <typename Wd, int K>
-__device__ __forceinline__ void take_ranks(const typename Wd::W (&list)[K], int t, int T, int k, float (&v)[K],
-                                           int (&col)[K]) {
+// This thread's ranks r = t + j*T (r < k) of a sorted word list: the column from the word, the value from
+// value_of(word, column) (the word itself where it holds the exact value).
+template <typename Wd, int K, typename ValueOf>
+__device__ __forceinline__ void take_ranks(const typename Wd::W (&list)[K], int t, int T, int k, ValueOf&& value_of,
+                                           float (&v)[K], int (&col)[K]) {
 #pragma unroll
   for (int j = 0; j < K; ++j) {
     if (j * T < K) {  // launch-uniform
       const int r = t + j * T;
       const typename Wd::W w = pick(list, r);  // list[r] for a run-time r, without local memory
       if (r < k) {
-        v[j] = Wd::value(w);
         col[j] = Wd::column(w);
+        v[j] = value_of(w, col[j]);
       }
     }
   }
+}
+
+// take_ranks' value_of for words that hold the exact value.
+template <typename Wd>
+__device__ __forceinline__ float word_value(typename Wd::W w, int) {
+  return Wd::value(w);
 }
 
 template <typename TIn, typename TOut, int K, bool kVector>
@@ -400,7 +409,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
       at.load(xr, n, active);
       select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
     }
-    take_ranks<Words<TIn>>(list, t, T, k, v, col);
+    take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
   } else {
     uint32_t fast[K];
     select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
@@ -411,19 +420,10 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
       at.load(xr, n, active);
       typename Words<float>::W list[K];
       select_row<K, true, Words<float>>(at, shift, nullptr, list);
-      take_ranks<Words<float>>(list, t, T, k, v, col);
+      take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
     } else {
-#pragma unroll
-      for (int j = 0; j < K; ++j) {
-        if (j * T < K) {  // launch-uniform
-          const int r = t + j * T;
-          const uint32_t w = pick(fast, r);
-          if (r < k) {
-            col[j] = TruncFloatWords::column(w);
-            v[j] = __ldg(xr + col[j]);  // the exact value (the word kept 23 bits of its key)
-          }
-        }
-      }
+      // The exact value from memory: the word kept 23 bits of its key.
+      take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
     }
   }
   const float divisor = probability_divisor(RowStats<float>{m, sum});
