@@ -18,24 +18,32 @@ import softmax_ops
 # The kernel menu exists in every build with CUDA sources (explain needs no GPU); a CPU-only build has none.
 requires_topk_menu = pytest.mark.skipif(not softmax_ops.list_kernels("topk"), reason="CPU-only build")
 
-TOPK_KERNELS = ["warp", "block", "split_row", "radix", "rows"]
+TOPK_KERNELS = ["warp", "block", "split_row", "radix", "rows", "split_hist"]
 BACKWARD_KERNELS = ["block", "split"]
 
 # Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
 # kernel holds 32 values per lane (16 for float64), 1..32 lanes per row; block/split_row read tiles of 4096
-# elements (split_row chunks are whole tiles); radix splits rows into chunks.
+# elements (split_row and split_hist chunks are whole tiles); radix splits rows into chunks.
 WARP_NS = [2, 7, 31, 32, 33, 60, 64, 100, 128, 160, 384, 512, 513, 1000, 1024]
 WARP_MAX_N = {torch.float64: 512}  # default 1024
 BLOCK_NS = [1, 7, 100, 1000, 1025, 4095, 4096, 4097, 8193]
 SPLIT_NS = [100, 4097, 8192, 12289, 20000]
 RADIX_NS = [1, 7, 100, 1025, 4097, 20000]
+SPLIT_HIST_NS = [1, 100, 4095, 4096, 4097, 8192, 12289, 20000]
 # rows: 1-16 threads per row of up to 32 values each (a vector is 8 values for 16-bit dtypes, 4 for float32),
 # k <= 8, no float64.
 ROWS_NS = [1, 2, 7, 8, 9, 31, 32, 33, 60, 64, 100, 128, 160, 256, 257, 384, 511, 512]
-NS_BY_KERNEL = {"warp": WARP_NS, "block": BLOCK_NS, "split_row": SPLIT_NS, "radix": RADIX_NS, "rows": ROWS_NS}
+NS_BY_KERNEL = {
+    "warp": WARP_NS,
+    "block": BLOCK_NS,
+    "split_row": SPLIT_NS,
+    "radix": RADIX_NS,
+    "rows": ROWS_NS,
+    "split_hist": SPLIT_HIST_NS,
+}
 # Rows per test: the warp kernel packs several rows per warp and several warps per CTA (odd counts leave
 # partial warps); the CTA-per-row kernels need fewer.
-ROWS_BY_KERNEL = {"warp": 37, "block": 3, "split_row": 3, "radix": 3, "rows": 37}
+ROWS_BY_KERNEL = {"warp": 37, "block": 3, "split_row": 3, "radix": 3, "rows": 37, "split_hist": 3}
 K_KINDS = ["1", "2", "small", "large", "N"]
 
 GRADCHECK_CASES = [((3, 7), 3, -1), ((2, 5, 3), 2, 1), ((4, 6), 6, -1), ((2, 40), 5, -1), ((1, 70), 70, -1)]
@@ -56,7 +64,7 @@ def n_supported(kernel: str, n: int, k: int, dtype: torch.dtype) -> bool:
         return n <= WARP_MAX_N.get(dtype, 1024)
     if kernel == "rows":
         return dtype != torch.float64 and n <= 512 and k <= 8
-    if kernel in ("block", "split_row"):
+    if kernel in ("block", "split_row", "split_hist"):
         capacity = max(1 << (k - 1).bit_length(), k + 4096 + 2048)
         return capacity * (16 if dtype == torch.float64 else 8) + 2048 <= 227 * 1024
     return True
@@ -335,6 +343,37 @@ def test_split_row_merge_compacts_many_chunk_candidates():
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_split_hist_mass_ties_take_the_exact_fallback(dtype):
+    """split_hist lists the values at or above the histogram bin of the k-th best; where that bin holds more
+    values than the candidate buffer (k + 6144 for k = 50) the row's last CTA runs the block kernel's
+    producer over the whole row instead. Rows 1-3 force that (a constant row, 10000 equal top values, 7000
+    equal values at the k-th rank); row 0, in the same launch, takes the list."""
+    n, k = 20000, 50
+    generator = torch.Generator().manual_seed(31)
+    x = distinct_rows(4, n, torch.float64, seed=31, device="cpu")
+    x[1] = 1.5
+    x[2, ::2] = 5.0
+    x[3, torch.randperm(n, generator=generator)[:7000]] = 3.99  # ~16 distinct values above it
+    x = x.to(dtype).cuda()
+    with softmax_ops.force_kernel("topk", "split_hist"):
+        for renormalize in (False, True):
+            check_topk(x, k, -1, renormalize)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("rows,n,k", [(2, 262144, 1024), (1, 128256, 50), (3, 151936, 50)])
+def test_split_hist_vocabulary_rows(rows, n, k, dtype):
+    """The vocabulary shapes split_hist is for, on random logits (16-bit ones tie often: ties go to the
+    lower index exactly as the reference orders them)."""
+    x = (torch.randn(rows, n, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64) * 3).to(dtype)
+    with softmax_ops.force_kernel("topk", "split_hist"):
+        check_topk(x.cuda(), k, -1, renormalize=False)
+        check_topk(x.cuda(), k, -1, renormalize=True)
+
+
+@requires_cuda
 @pytest.mark.parametrize("kernel", TOPK_KERNELS)
 def test_forced_kernel_is_deterministic(kernel):
     n, k = {"warp": (1000, 20), "rows": (500, 8)}.get(kernel, (70000, 64))
@@ -373,6 +412,7 @@ def test_forced_kernel_on_impossible_shape_raises():
         ("warp", torch.float64, 513, 4),
         ("block", torch.float32, 30000, 30000),
         ("split_row", torch.float64, 20000, 12000),
+        ("split_hist", torch.float64, 20000, 12000),
         ("rows", torch.float32, 513, 4),
         ("rows", torch.float16, 100, 9),
         ("rows", torch.float64, 64, 4),

@@ -78,6 +78,9 @@ void launch_plan(const TopkProblem& problem, TopkPlan plan, const at::Tensor& in
     case TopkKernel::kSplitRow:
       C10_CUDA_CHECK(launch_topk_block(problem, plan, ptrs, stream));
       return;
+    case TopkKernel::kSplitHist:
+      C10_CUDA_CHECK(launch_topk_split_hist(problem, plan, ptrs, stream));
+      return;
     case TopkKernel::kRadix: {
       // Select the k best of each row (unordered), sort them by key descending with ties by index ascending
       // (a stable sort by key after a sort by index), then compute the probabilities.

@@ -53,6 +53,10 @@ struct TopkHeuristics {
   int64_t split_target_ctas_per_sm = 4;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
+  // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
+  // Its chunks write no candidates, so they can be shorter than split_row's.
+  int64_t split_hist_target_ctas_per_sm = 4;
+  int64_t split_hist_min_chunk = 4096;
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
   int64_t radix_min_chunk = 16384;
@@ -62,7 +66,7 @@ struct TopkHeuristics {
 constexpr TopkHeuristics kHeuristics{};
 
 // Forced-kernel names, in TopkKernel order.
-constexpr const char* kTopkNames[kNumTopkKernels] = {"warp", "block", "split_row", "radix", "rows"};
+constexpr const char* kTopkNames[kNumTopkKernels] = {"warp", "block", "split_row", "radix", "rows", "split_hist"};
 constexpr const char* kTopkBackwardNames[kNumTopkBackwardKernels] = {"block", "split"};
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -107,6 +111,11 @@ int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDevicePro
   return std::max<int64_t>(1, std::min(want, n / min_chunk));
 }
 
+int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
+  const int64_t want = ceil_div(kHeuristics.split_hist_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
+  return std::max<int64_t>(1, std::min(want, n / kHeuristics.split_hist_min_chunk));
+}
+
 int64_t radix_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
   const int64_t want = ceil_div(kHeuristics.radix_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
   return std::max<int64_t>(1, std::min(want, n / kHeuristics.radix_min_chunk));
@@ -132,7 +141,7 @@ std::string unsupported_reason(TopkKernel kernel, int64_t n, int64_t k, DType dt
     why << "N=" << n << " exceeds the " << warp_max_n(dtype) << " values a warp holds in registers (32 lanes x "
         << warp_slots_per_lane(dtype) << ")";
   }
-  if (kernel == TopkKernel::kBlock || kernel == TopkKernel::kSplitRow) {
+  if (kernel == TopkKernel::kBlock || kernel == TopkKernel::kSplitRow || kernel == TopkKernel::kSplitHist) {
     const size_t bytes = block_dynamic_smem_bytes(dtype, k) + kBlockStaticSmem;
     if (static_cast<int64_t>(bytes) > props.smem_per_block_optin) {
       why << "k=" << k << " needs " << bytes / 1024 << " KB of shared memory for its candidates, the device allows "
@@ -159,6 +168,12 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.splits = std::max<int64_t>(forced ? 2 : 1, split_row_splits(rows, n, k, props));
       plan.smem_bytes = block_dynamic_smem_bytes(dtype, k);
       plan.workspace_bytes = split_workspace_bytes(dtype, rows, n, k, plan.splits);
+      break;
+    case TopkKernel::kSplitHist:
+      // Forced, it splits rows of more than one tile too (tests reach the multi-chunk histogram).
+      plan.splits = std::max<int64_t>(forced ? 2 : 1, split_hist_splits(rows, n, props));
+      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k);
+      plan.workspace_bytes = split_hist_workspace_layout(dtype, rows, n, k, plan.splits).bytes;
       break;
     case TopkKernel::kRadix:
       plan.splits = std::max<int64_t>(forced ? 2 : 1, radix_splits(rows, n, props));
@@ -247,6 +262,11 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
     case TopkKernel::kSplitRow:
       out << " (" << split_count(n, plan.splits) << " CTAs per row of " << split_chunk_elems(n, plan.splits)
           << " elements, then a merge CTA per row)";
+      break;
+    case TopkKernel::kSplitHist:
+      out << " (" << split_hist_count(n, plan.splits) << " CTAs per row of " << split_hist_chunk_elems(n, plan.splits)
+          << " elements build a " << kHistBins << "-bin histogram, then list the values at or above the k-th's bin; "
+          << "the row's last CTA selects and sorts)";
       break;
     case TopkKernel::kRadix:
       out << " (" << radix_count(n, plan.splits) << " CTAs per row, up to " << (in == DType::kFloat64 ? 12 : 8)

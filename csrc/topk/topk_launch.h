@@ -13,6 +13,11 @@
 //             that finishes its row last (a per-row ticket) merges them, in one launch (few rows x huge N).
 //   radix     any k <= N: radix select over order-preserving integer keys (8-bit digits, one launch per digit,
 //             global histogram), gather of the k selected, sort, then a finalize kernel.
+//   split_hist few rows x long rows (large k): several CTAs per row build one histogram of the keys' top
+//             kHistBits bits and the row's (max, sum); the bin holding the k-th best gives a floor, a second
+//             launch lists every value at or above it (the re-read hits L2) and the row's last CTA selects,
+//             sorts and writes the k best. A row whose floor passes more than the buffer holds (mass ties)
+//             runs the block kernel's producer over the whole row in that CTA instead (exact, slower).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -25,8 +30,8 @@
 
 namespace softmax_ops::topk {
 
-enum class TopkKernel : int { kWarp = 0, kBlock, kSplitRow, kRadix, kRows };
-constexpr int kNumTopkKernels = 5;
+enum class TopkKernel : int { kWarp = 0, kBlock, kSplitRow, kRadix, kRows, kSplitHist };
+constexpr int kNumTopkKernels = 6;
 enum class TopkBackwardKernel : int { kBlock = 0, kSplit };
 constexpr int kNumTopkBackwardKernels = 2;
 
@@ -115,6 +120,42 @@ inline size_t split_workspace_bytes(DType in, int64_t rows, int64_t n, int64_t k
   return split_workspace_layout(in, rows, n, k, splits).bytes;
 }
 
+// split_hist: chunks of a multiple of 256 elements (whole 16-byte vectors of every dtype; the last tile of a
+// chunk may be partial: unlike split_row's, its chunks write no candidates, so there is no reason to round
+// them up to whole tiles and leave SMs idle). Per row a 32-byte state and a kHistBins-bin int32 histogram (both
+// zeroed before the first launch), per (row, chunk) a partial (max, sum), per row the merged (max, sum) and a
+// list of up to candidate_capacity(k) candidates.
+constexpr int kHistBits = 12;
+constexpr int kHistBins = 1 << kHistBits;
+constexpr int64_t kSplitHistChunkAlign = 256;
+inline int64_t split_hist_chunk_elems(int64_t n, int64_t splits) {
+  const int64_t want = (n + splits - 1) / splits;
+  return (want + kSplitHistChunkAlign - 1) / kSplitHistChunkAlign * kSplitHistChunkAlign;
+}
+inline int64_t split_hist_count(int64_t n, int64_t splits) {
+  const int64_t chunk = split_hist_chunk_elems(n, splits);
+  return (n + chunk - 1) / chunk;
+}
+constexpr size_t kSplitHistStateBytes = 32;
+struct SplitHistWorkspaceLayout {
+  size_t hist_offset = 0;         // after the row states at offset 0
+  size_t chunk_stats_offset = 0;  // == the bytes to zero
+  size_t row_stats_offset = 0;
+  size_t list_offset = 0;
+  size_t bytes = 0;
+};
+inline SplitHistWorkspaceLayout split_hist_workspace_layout(DType in, int64_t rows, int64_t n, int64_t k,
+                                                            int64_t splits) {
+  const size_t r = static_cast<size_t>(rows);
+  SplitHistWorkspaceLayout layout;
+  layout.hist_offset = r * kSplitHistStateBytes;
+  layout.chunk_stats_offset = layout.hist_offset + r * kHistBins * sizeof(int32_t);
+  layout.row_stats_offset = layout.chunk_stats_offset + r * static_cast<size_t>(split_hist_count(n, splits)) * 16;
+  layout.list_offset = layout.row_stats_offset + r * 16;
+  layout.bytes = layout.list_offset + r * static_cast<size_t>(candidate_capacity(k)) * candidate_bytes(in);
+  return layout;
+}
+
 // radix: per row a 64-byte state and a 256-bin int32 histogram; per (row, chunk) a partial (max, sum).
 constexpr int kRadixThreads = 256;
 constexpr size_t kRadixStateBytes = 64;
@@ -153,10 +194,10 @@ struct TopkProblem {
 struct TopkPlan {
   TopkKernel kernel = TopkKernel::kBlock;
   int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two); rows: threads (1..16)
-  int64_t splits = 1;           // split_row / radix: chunks per row (before rounding, see *_count)
+  int64_t splits = 1;           // split_row / split_hist / radix: chunks per row (before rounding, see *_count)
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
-  size_t workspace_bytes = 0;   // split_row / radix: bytes the caller allocates
+  size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };
 
 struct TopkPointers {
@@ -201,6 +242,9 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
 // block and split_row (plan.kernel says which).
 cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                               cudaStream_t stream);
+// split_hist (two launches after a memset of the row states and histograms).
+cudaError_t launch_topk_split_hist(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
+                                   cudaStream_t stream);
 // radix, first half: select the k best of every row into sel_key (int64 keys whose signed order is the
 // ranking order) and sel_idx, both [rows, k], in no particular order. The caller sorts them (key
 // descending, ties by index ascending) and calls the second half with the sorted arrays.

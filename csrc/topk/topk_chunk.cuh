@@ -1,0 +1,311 @@
+// The chunk producer shared by the block-family fused_topk kernels (topk_block.cu: block, split_row;
+// topk_split_hist.cu: split_hist's fallback): one CTA reads a range of a row once, in tiles of kTileElems, the
+// next tile's loads in flight (raw 16-byte registers) while the current one is filtered:
+//   * the whole tile folds into the thread's online (max, sum) at once (one max check, <= one rescale);
+//   * a value joins the shared-memory candidate buffer only if it can still be in the top k: one unordered
+//     float compare against a bound derived from the threshold key (filter_bound). Tiles are read in index
+//     order, so a later value with the threshold's own key ranks below it (higher index) and is rejected;
+//   * a thread appends its tile's passing values with one slot reservation per warp (warp_reserve);
+//   * one barrier per tile (__syncthreads_count) keeps an upper bound of the buffer's fill; only when the
+//     next tile could overflow the buffer is the exact count read, and if needed a block radix select finds
+//     the k-th best candidate, the buffer is compacted to the k best and the threshold rises to it;
+//   * the first tile gets a threshold at once: the k-th best of the per-thread maxima (k distinct values
+//     reach it), so a row with small k never floods the buffer.
+// Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTileElems / (T*V) vectors per thread):
+//   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
+//   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
+// Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them), bit
+// b = u*V + j of its take-mask.
+// Also here: the block-family CTA's static scratch, and the per-row ticket and (max, sum) merge of the kernels
+// that split a row over several CTAs.
+#pragma once
+
+#include "topk_device.cuh"
+#include "topk_launch.h"
+
+namespace softmax_ops::topk {
+
+// The bound of the tile filter for threshold key tau_key: !(x <= bound) (one unordered compare) passes
+// every x whose key is above tau_key, and nothing that ranks at or below a threshold with a real value.
+//   the key's value t is a number: x > t or x NaN. x == t (or -0 vs +0) has t's key and a higher index;
+//   a key above +inf's (a NaN threshold, or a radix prefix between +inf and NaN): +inf, so only NaNs pass
+//     (including later NaNs ranking below a NaN threshold: harmless extra candidates, the buffer only has
+//     to be a superset of the top k);
+//   a key below -inf's (0: no threshold yet, or a radix prefix under -inf): NaN, every value passes.
+template <typename C>
+__device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
+  const C t = OrderKey<C>::value(tau_key);
+  if (t == t) return t;
+  const C inf = static_cast<C>(INFINITY);
+  return tau_key > OrderKey<C>::of(inf) ? inf : quiet_nan<C>();
+}
+
+// kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
+// tile offset is the thread's base plus a constant: as a run-time flag the compiler kept the 16 offsets of
+// both layouts in registers across the tile loop.
+template <typename TIn, bool kVectorLoads>
+struct ChunkTopk {
+  using C = compute_t<TIn>;
+  using Ops = CandFor<C>;
+  using Cand = typename Ops::Type;
+  using Key = typename OrderKey<C>::Key;
+  static constexpr int V = 16 / sizeof(TIn);
+  static constexpr int U = kTileElems / (kBlockThreads * V);
+  static constexpr int kPerThread = U * V;  // values of one thread per tile, one take-mask bit each
+  static_assert(U >= 1 && U * kBlockThreads * V == kTileElems, "tile must be a whole number of vectors");
+  static_assert(kPerThread <= 32 && (kPerThread & (kPerThread - 1)) == 0, "one mask bit per value");
+  // Keep the next tile in flight while filtering this one (U x 16 bytes of registers more) where it fits in
+  // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
+  // register per value before packing, and float64 values take two: with prefetch both spilled (ptxas).
+  static constexpr bool kPrefetch = kVectorLoads && sizeof(TIn) <= 4;
+  // block_radix_threshold's side list pays for 16-bit inputs only (see there).
+  static constexpr bool kSideList = sizeof(TIn) == 2;
+
+  // A thread's share of a tile as loaded: U x 16 bytes of TIn.
+  struct RawTile {
+    uint4 w[U];
+  };
+
+  static __device__ __forceinline__ int tile_offset(int u, int j) {
+    return kVectorLoads ? (u * kBlockThreads + static_cast<int>(threadIdx.x)) * V + j
+                        : (u * V + j) * kBlockThreads + static_cast<int>(threadIdx.x);
+  }
+  static __device__ __forceinline__ int tile_offset(int b) {
+    return tile_offset(b / V, b % V);
+  }
+
+  // The column of the value at `offset` in the tile starting at t0, in unsigned arithmetic: for padding
+  // slots of a row's last tile near N = 2^31 - 1 the int sum would overflow (undefined behaviour, though
+  // those candidates are masked out).
+  static __device__ __forceinline__ uint32_t column(int t0, int offset) {
+    return static_cast<uint32_t>(t0) + static_cast<uint32_t>(offset);
+  }
+
+  // Issues the loads of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a
+  // multiple of V.
+  static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
+    constexpr ElementBits<TIn> kPad = neg_inf_bits<TIn>();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if constexpr (kVectorLoads) {
+        const int off = tile_offset(u, 0);
+        t.w[u] = off < valid ? load_raw16<TIn, true>(x + off) : neg_inf_raw16<TIn>();
+      } else {
+        ElementBits<TIn> e[V];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const int off = tile_offset(u, j);
+          e[j] = off < valid ? element_bits(__ldcs(x + off)) : kPad;
+        }
+        t.w[u] = pack_raw16<TIn>(e);
+      }
+    }
+  }
+
+  // The whole tile at once (one max check, at most one rescale). float64 folds per vector: its libm exp
+  // over 16 values at once spilled (ptxas), and its rescale factors are exact enough either way.
+  static __device__ __forceinline__ void fold_tile_stats(RowStats<C>& stats, const C (&v)[U][V]) {
+    if constexpr (std::is_same_v<C, double>) {
+#pragma unroll
+      for (int u = 0; u < U; ++u) fold_stats(stats, v[u]);
+    } else {
+      fold_stats(stats, v);
+    }
+  }
+
+  static __device__ __forceinline__ void unpack_tile(const RawTile& t, C (&v)[U][V]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) unpack_raw16<TIn>(t.w[u], v[u]);
+  }
+
+  // Bits of the values at offsets < valid (all of them except in a row's or chunk's last tile).
+  static __device__ __forceinline__ uint32_t valid_mask(int valid) {
+    uint32_t mask = 0;
+#pragma unroll
+    for (int b = 0; b < kPerThread; ++b) {
+      if (tile_offset(b) < valid) mask |= 1u << b;
+    }
+    return mask;
+  }
+
+  // A NaN threshold (rows with >= k NaNs): the unordered compare would pass every later NaN, each tile a
+  // compaction; later NaNs rank below it, so nothing passes.
+  static __device__ __forceinline__ bool is_nan_key(Key key) { return key == OrderKey<C>::of(quiet_nan<C>()); }
+
+  static __device__ __forceinline__ Cand candidate(const C (&v)[U][V], int b, int t0) {
+    return Ops::make(OrderKey<C>::of(pick(v, b)), column(t0, tile_offset(b)));
+  }
+
+  // The first tile's threshold: the k-th best of the per-thread best values (a radix prefix; none when
+  // k > kBlockThreads, which keeps every value). Uses buf[0, kBlockThreads) as scratch; ends with a barrier
+  // after which s.count == 0 is visible to every thread.
+  static __device__ Cand first_tile_floor(const C (&v)[U][V], int t0, int valid, int k, Cand* buf,
+                                          SelectScratch& s) {
+    if (k > kBlockThreads) {
+      __syncthreads();
+      return Ops::none();
+    }
+    Cand mine = Ops::none();
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int off = tile_offset(u, j);
+        const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), column(t0, off));
+        if (off < valid && Ops::better(c, mine)) mine = c;
+      }
+    }
+    __syncthreads();  // buf is free (the previous user, if any, is done)
+    buf[threadIdx.x] = mine;
+    __syncthreads();
+    // Ends with a barrier: buf is free again.
+    return block_radix_threshold<Ops, kSideList>(buf, kBlockThreads, k, s);
+  }
+
+  // Mask of the first tile's values at or above the floor: key above the floor's (the filter_bound compare,
+  // which may also pass some NaNs below a NaN floor: harmless extra candidates), or the floor's own value at
+  // an index no higher than the floor's. Float compares instead of 64-bit candidate compares: the 16
+  // candidates built at once cost ~30 registers at the kernel's peak.
+  static __device__ __forceinline__ uint32_t first_tile_take(const C (&v)[U][V], int t0,
+                                                             const Cand& floor) {
+    const C bound = filter_bound<C>(Ops::key(floor));
+    const C floor_value = OrderKey<C>::value(Ops::key(floor));
+    const uint32_t floor_index = Ops::index(floor);
+    uint32_t take = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const uint32_t index = column(t0, tile_offset(u, j));
+        if (!(v[u][j] <= bound) || (v[u][j] == floor_value && index <= floor_index)) take |= 1u << (u * V + j);
+      }
+    }
+    return take;
+  }
+
+  // Mask of the values that pass the running threshold: one unordered compare each (filter_bound).
+  static __device__ __forceinline__ uint32_t tile_take(const C (&v)[U][V], C bound) {
+    uint32_t take = 0;
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (!(v[u][j] <= bound)) take |= 1u << (u * V + j);
+      }
+    }
+    return take;
+  }
+
+  // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
+  // thread's (max, sum) over its share. Returns count. When the chunk held more than k candidates, *kth
+  // (every thread) gets a radix prefix that exactly the k kept candidates reach; else it is left alone.
+  // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
+  // the row's first element. Ends with a barrier.
+  //
+  // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
+  // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
+  // added at most kPerThread. Only when it passes cap - kTileElems (the next tile could overflow) is the
+  // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTileElems =
+  // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
+  static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
+                            SelectScratch& s, RowStats<C>& stats, Cand* kth) {
+    stats = empty_stats<C>();
+    if (threadIdx.x == 0) s.count = 0;
+    C bound = quiet_nan<C>();
+    bool closed = false;  // the threshold is a NaN: no later value can rank above it
+    int fill_bound = 0;
+    RawTile next;
+    if constexpr (kPrefetch) load_tile(x + lo, min(hi - lo, kTileElems), next);
+    // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
+    for (int t0 = lo;; t0 += kTileElems) {
+      const int valid = min(hi - t0, kTileElems);
+      const bool more = hi - t0 > kTileElems;
+      if constexpr (!kPrefetch) load_tile(x + t0, valid, next);
+      C v[U][V];
+      unpack_tile(next, v);
+      // The first tile's radix select runs before the prefetch: with both tiles live it set the kernel's
+      // register peak.
+      Cand floor = Ops::none();
+      if (t0 == lo) floor = first_tile_floor(v, t0, valid, k, buf, s);
+      // The next tile's loads fly while this one is filtered and appended (and during its barrier).
+      if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
+      fold_tile_stats(stats, v);
+
+      uint32_t take;
+      if (t0 == lo) {
+        take = first_tile_take(v, t0, floor);
+        bound = filter_bound<C>(Ops::key(floor));
+        closed = is_nan_key(Ops::key(floor));
+      } else {
+        take = closed ? 0u : tile_take(v, bound);
+      }
+      if (valid < kTileElems) take &= valid_mask(valid);
+      const int appended = append_selected<Ops>(buf, &s.count, take,
+                                                [&](int b) { return candidate(v, b, t0); });
+      if (!more) break;  // the final selection below reads the exact count
+      fill_bound += kPerThread * __syncthreads_count(appended > 0);
+      if (fill_bound > cap - kTileElems) {
+        const int count = s.count;
+        if (count > cap - kTileElems) {
+          const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
+          fill_bound = block_compact<Ops>(buf, count, threshold, s);
+          bound = filter_bound<C>(Ops::key(threshold));
+          closed = is_nan_key(Ops::key(threshold));
+        } else {
+          __syncthreads();  // every thread has read s.count before the next tile appends
+          fill_bound = count;
+        }
+      }
+    }
+    __syncthreads();
+    int count = s.count;
+    if (count > k) {
+      const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
+      count = block_compact<Ops>(buf, count, threshold, s);
+      *kth = threshold;
+    } else {
+      __syncthreads();  // every thread has read s.count before anyone appends again
+    }
+    return count;
+  }
+};
+
+// CTAs per SM the register budget is set for: 4 is what the ~51 KB candidate buffer of k <= ~500 allows
+// anyway (64 registers per thread); float64 (twice the registers per value, not a speed target) gets 2.
+template <typename TIn>
+constexpr int kBlockMinCtasPerSm = sizeof(TIn) == 8 ? 2 : 4;
+
+// Static shared memory of the block-family kernels (kept under kBlockStaticSmem).
+template <typename C>
+struct BlockScratch {
+  SelectScratch select;
+  RowStats<C> stats[kBlockThreads / kWarpSize];
+  C sums[kBlockThreads / kWarpSize];
+  int merges;  // split_row: this CTA took its row's last ticket
+};
+
+// Makes this CTA's workspace writes visible device-wide, then takes a ticket of its row. True (in every
+// thread) for the CTA that took the row's last ticket: every other chunk's results are then visible to it.
+__device__ __forceinline__ bool took_last_ticket(unsigned* ticket, int splits, int* merges) {
+  __threadfence();  // release: this thread's writes before the ticket
+  __syncthreads();  // ...for every thread of the CTA
+  if (threadIdx.x == 0) *merges = atomicAdd(ticket, 1u) == static_cast<unsigned>(splits - 1) ? 1 : 0;
+  __syncthreads();
+  const bool last = *merges != 0;
+  if (last) __threadfence();  // acquire: the other CTAs' results are read after their tickets
+  return last;
+}
+
+// The merging CTA: the row's (max, sum) from every chunk in chunk order (thread t merges chunks t, t + T,
+// ... then the fixed block tree: the same bits whichever CTA merges).
+template <typename C>
+__device__ RowStats<C> merged_row_stats(const RowStats<C>* chunk_stats, int splits, RowStats<C>* scratch) {
+  RowStats<C> stats = empty_stats<C>();
+#pragma unroll 1
+  for (int part = threadIdx.x; part < splits; part += blockDim.x) {
+    stats = merge_stats(stats, load_stats_cg(chunk_stats + part));
+  }
+  return block_merge_stats(stats, scratch);
+}
+
+}  // namespace softmax_ops::topk
