@@ -83,19 +83,22 @@ struct ChunkTopk {
 
   // Issues the loads of the tile at x (pads at offsets >= valid are -inf). With vector loads, valid is a
   // multiple of V.
+  // kStream: evict-first loads (the data is read once); split_hist's first launch keeps the row in L2 for
+  // its second.
+  template <bool kStream = true>
   static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
     constexpr ElementBits<TIn> kPad = neg_inf_bits<TIn>();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if constexpr (kVectorLoads) {
         const int off = tile_offset(u, 0);
-        t.w[u] = off < valid ? load_raw16<TIn, true>(x + off) : neg_inf_raw16<TIn>();
+        t.w[u] = off < valid ? load_raw16<TIn, kStream>(x + off) : neg_inf_raw16<TIn>();
       } else {
         ElementBits<TIn> e[V];
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const int off = tile_offset(u, j);
-          e[j] = off < valid ? element_bits(__ldcs(x + off)) : kPad;
+          e[j] = off < valid ? element_bits(kStream ? __ldcs(x + off) : x[off]) : kPad;
         }
         t.w[u] = pack_raw16<TIn>(e);
       }

@@ -683,14 +683,117 @@ __device__ __forceinline__ int next_pow2_device(int v) {
   return p;
 }
 
-// Sorts the count (>= k) candidates of buf (capacity >= next_pow2(count)) and writes the k best as
+// The largest sort block_sort_desc keeps in registers: 8 candidates per thread of a 256-thread CTA.
+constexpr int kRegisterSortMaxPerThread = 8;
+
+// One compare-exchange of the bitonic network on entry i (its partner is i ^ stride, and `other` its
+// value): the entry at the lower index of a pair keeps the better candidate when the block of `size`
+// containing it sorts descending ((i & size) == 0), the worse one otherwise.
+template <typename Ops>
+__device__ __forceinline__ typename Ops::Type bitonic_keep(const typename Ops::Type& mine,
+                                                           const typename Ops::Type& other, int i, int size,
+                                                           int stride) {
+  const bool descending = (i & size) == 0;
+  const bool lower = (i & stride) == 0;
+  const bool keep_better = lower == descending;
+  return Ops::better(mine, other) == keep_better ? mine : other;
+}
+
+// Sorts buf[0, n) best first (n a power of two, 32 * E <= n <= E * blockDim.x; entries past the real ones
+// must be Ops::none()). Thread t holds entries t*E .. t*E + E - 1 in registers: the exchanges of stride < E
+// stay in the thread, those of stride < 32 * E are warp shuffles, and only the longer ones go through shared
+// memory (two barriers each). H100: the shared-memory network took ~100 ns per stage in a single CTA
+// (10 us for 1024 candidates, session 9's split_hist timeline); n = 1024 needs 6 of its 55 stages here.
+// Starts and ends with a barrier; every thread of the block calls it.
+template <typename Ops, int E>
+__device__ void register_bitonic_sort_desc(typename Ops::Type* buf, int n) {
+  using Cand = typename Ops::Type;
+  const int t = threadIdx.x;
+  const bool active = t * E < n;  // whole warps: n / E is a multiple of 32
+  const int lane = t % kWarpSize;
+  __syncthreads();
+  Cand c[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) c[e] = active ? buf[t * E + e] : Ops::none();
+  for (int size = 2; size <= n; size <<= 1) {
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride >= kWarpSize * E) {  // block-uniform: every thread takes the barriers
+        __syncthreads();  // the previous readers of buf are done
+        if (active) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) buf[t * E + e] = c[e];
+        }
+        __syncthreads();
+        if (active) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const int i = t * E + e;
+            c[e] = bitonic_keep<Ops>(c[e], buf[i ^ stride], i, size, stride);
+          }
+        }
+      } else if (stride >= E) {
+        if (active) {
+#pragma unroll
+          for (int e = 0; e < E; ++e) {
+            const Cand other = Ops::shfl_xor(c[e], stride / E, kWarpSize);
+            c[e] = bitonic_keep<Ops>(c[e], other, t * E + e, size, stride);
+          }
+        }
+      } else if (active) {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+#pragma unroll
+          for (int s = 1; s < E; s <<= 1) {
+            if (s == stride && (e & s) == 0) {
+              const Cand a = c[e];
+              const Cand b = c[e | s];
+              const bool descending = ((t * E + e) & size) == 0;
+              if (descending ? Ops::better(b, a) : Ops::better(a, b)) {
+                c[e] = b;
+                c[e | s] = a;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();  // the last shared-memory step's reads are done
+  if (active) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) buf[t * E + e] = c[e];
+  }
+  __syncthreads();
+}
+
+// Sorts buf[0, count) best first (capacity >= max(32, next_pow2(count))): in registers where the padded
+// length fits kRegisterSortMaxPerThread per thread, else the shared-memory network. Returns the sorted length
+// (entries past count are none). Starts and ends with a barrier.
+template <typename Ops>
+__device__ int block_sort_desc(typename Ops::Type* buf, int count) {
+  const int n = max(kWarpSize, next_pow2_device(count));
+  for (int i = count + threadIdx.x; i < n; i += blockDim.x) buf[i] = Ops::none();
+  const int threads = static_cast<int>(blockDim.x);
+  if (n <= threads) {
+    register_bitonic_sort_desc<Ops, 1>(buf, n);
+  } else if (n <= 2 * threads) {
+    register_bitonic_sort_desc<Ops, 2>(buf, n);
+  } else if (n <= 4 * threads) {
+    register_bitonic_sort_desc<Ops, 4>(buf, n);
+  } else if (n <= kRegisterSortMaxPerThread * threads) {
+    register_bitonic_sort_desc<Ops, kRegisterSortMaxPerThread>(buf, n);
+  } else {
+    block_bitonic_sort_desc<Ops>(buf, n);
+  }
+  return n;
+}
+
+// Sorts the count (>= k) candidates of buf (capacity >= max(32, next_pow2(count))) and writes the k best as
 // probabilities exp(x - max) / sum (renormalised: divided by their fp32/fp64 sum, rounded once) and indices.
 template <typename Ops, typename C, typename TOut>
 __device__ void write_sorted_topk(typename Ops::Type* buf, int count, int k, const RowStats<C>& stats,
                                   bool renormalize, TOut* values, int64_t* indices, C* reduce_scratch) {
-  const int n2 = next_pow2_device(count);
-  for (int i = count + threadIdx.x; i < n2; i += blockDim.x) buf[i] = Ops::none();
-  block_bitonic_sort_desc<Ops>(buf, n2);
+  block_sort_desc<Ops>(buf, count);
   const C divisor = probability_divisor(stats);
   C total = C(1);
   if (renormalize) {

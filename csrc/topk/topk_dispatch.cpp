@@ -57,6 +57,12 @@ struct TopkHeuristics {
   // Its chunks write no candidates, so they can be shorter than split_row's.
   int64_t split_hist_target_ctas_per_sm = 4;
   int64_t split_hist_min_chunk = 4096;
+  // Split rows with k above this go to split_hist instead of split_row: split_row's chunks then have no
+  // first-tile floor (k > kBlockThreads) and its merge reads chunks x k candidates. H100, 2026-11-22,
+  // tune_topk.py (*session9-c1-*, *session9-c2-v1-*): 8 x 262144 k1024 split_row 103-104 us (fp16/bf16), 90 (fp32)
+  // vs split_hist 47-49; at k = 50 split_row won or tied: 64 x 151936 42-47 vs 56-65 us, 1 x 128256 22-28 vs
+  // 22-25 (16-bit 2-3 us faster with split_hist, fp32 1-2 us slower).
+  int64_t split_hist_min_k = kBlockThreads;
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
   int64_t radix_min_chunk = 16384;
@@ -370,6 +376,10 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
       reason << ": rows too short to split into chunks of >= "
              << std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k) << " elements";
     }
+  } else if (k > kHeuristics.split_hist_min_k) {
+    kernel = TopkKernel::kSplitHist;
+    reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: each row is split; k=" << k
+           << " > " << kHeuristics.split_hist_min_k << ": one row-wide histogram floor instead of every chunk's top k";
   } else {
     kernel = TopkKernel::kSplitRow;
     reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: one CTA per row would leave SMs "
