@@ -231,10 +231,11 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     for (int i = threadIdx.x; i < candidates; i += kBlockThreads) buf[i] = Ops::load_cg(list + i);
     __syncthreads();
     count = candidates;
-    // Up to the register sort's length, sorting every candidate is cheaper than selecting the k best first:
-    // the radix select + compaction took ~7.7 us of 1599 candidates (8 x 262144 k1024 fp16, H100, session 9
-    // timeline), one register sort of 2048 a few.
-    const bool sort_all = max(kWarpSize, next_pow2_device(count)) <= min(kRegisterSortMaxPerThread * kBlockThreads, cap);
+    // Up to one candidate per thread, sorting them all beats selecting the k best first (64 x 151936 k50,
+    // ~70 candidates: 51-52 us against 56-58 us). Beyond, selecting first wins: 8 x 262144 k1024 (~1600
+    // candidates) took 48-52 us sorting all 2048 in registers, 43-46 us selecting 1024 first (H100,
+    // *session9-c5-*).
+    const bool sort_all = max(kWarpSize, next_pow2_device(count)) <= kBlockThreads;
     if (count > k && !sort_all) {
       const Cand kth = block_radix_threshold<Ops, Chunk::kSideList>(buf, count, k, scratch.select);
       count = block_compact<Ops>(buf, count, kth, scratch.select);
