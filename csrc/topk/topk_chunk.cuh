@@ -58,8 +58,6 @@ struct ChunkTopk {
   // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
   // register per value before packing, and float64 values take two: with prefetch both spilled (ptxas).
   static constexpr bool kPrefetch = kVectorLoads && sizeof(TIn) <= 4;
-  // Tiles after which the filter bound is raised to the k-th best thread maximum (maxima_floor).
-  static constexpr int kFloorRefreshTiles = 3;
   // block_radix_threshold's side list pays for 16-bit inputs only (see there).
   static constexpr bool kSideList = sizeof(TIn) == 2;
 
@@ -167,19 +165,6 @@ struct ChunkTopk {
     return block_radix_threshold<Ops, kSideList>(buf, kBlockThreads, k, s);
   }
 
-  // The bound a row's later tiles can use once each thread has seen kFloorRefreshTiles tiles: the k-th best
-  // of the threads' running maxima (k <= kBlockThreads). At least k values seen so far reach it and all of
-  // them lie at lower indices than any later value, so a later value at or below it ranks below k others
-  // (filter_bound semantics; a radix prefix below the k-th only lowers it). The first tile's floor is the
-  // k-th best of maxima of 16 values (k = 50: ~1.4% of later values pass it, and the buffer, far from
-  // full, never compacts to raise it); maxima of 48 pass ~0.45%. `scratch` holds kBlockThreads candidates
-  // (the buffer's top slots: below cap - kTileElems the buffer never reaches them). Ends with a barrier.
-  static __device__ C maxima_floor(const RowStats<C>& stats, int k, Cand* scratch, SelectScratch& s) {
-    scratch[threadIdx.x] = Ops::make(OrderKey<C>::of(stats.max), threadIdx.x);
-    __syncthreads();
-    return filter_bound<C>(Ops::key(block_radix_threshold<Ops, kSideList>(scratch, kBlockThreads, k, s)));
-  }
-
   // Mask of the first tile's values at or above the floor: key above the floor's (the filter_bound compare,
   // which may also pass some NaNs below a NaN floor: harmless extra candidates), or the floor's own value at
   // an index no higher than the floor's. Float compares instead of 64-bit candidate compares: the 16
@@ -245,9 +230,6 @@ struct ChunkTopk {
       // register peak.
       Cand floor = Ops::none();
       if (t0 == lo) floor = first_tile_floor(v, t0, valid, k, buf, s);
-      if (t0 - lo == kFloorRefreshTiles * kTileElems && k <= kBlockThreads) {
-        bound = fmax(bound, maxima_floor(stats, k, buf + cap - kBlockThreads, s));
-      }
       // The next tile's loads fly while this one is filtered and appended (and during its barrier).
       if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
       fold_tile_stats(stats, v);
