@@ -123,8 +123,8 @@ inline size_t split_workspace_bytes(DType in, int64_t rows, int64_t n, int64_t k
 // split_hist: chunks of a multiple of 256 elements (whole 16-byte vectors of every dtype; the last tile of a
 // chunk may be partial: unlike split_row's, its chunks write no candidates, so there is no reason to round
 // them up to whole tiles and leave SMs idle). Per row a 32-byte state and a kHistBins-bin int32 histogram (both
-// zeroed before the first launch), per (row, chunk) a partial (max, sum), per row the merged (max, sum) and a
-// list of up to candidate_capacity(k) candidates.
+// zeroed before the first launch), per (row, chunk) a partial (max, sum), per row a list of up to
+// candidate_capacity(k) candidates.
 constexpr int kHistBits = 12;
 constexpr int kHistBins = 1 << kHistBits;
 constexpr int64_t kSplitHistChunkAlign = 256;
@@ -140,7 +140,6 @@ constexpr size_t kSplitHistStateBytes = 32;
 struct SplitHistWorkspaceLayout {
   size_t hist_offset = 0;         // after the row states at offset 0
   size_t chunk_stats_offset = 0;  // == the bytes to zero
-  size_t row_stats_offset = 0;
   size_t list_offset = 0;
   size_t bytes = 0;
 };
@@ -150,8 +149,7 @@ inline SplitHistWorkspaceLayout split_hist_workspace_layout(DType in, int64_t ro
   SplitHistWorkspaceLayout layout;
   layout.hist_offset = r * kSplitHistStateBytes;
   layout.chunk_stats_offset = layout.hist_offset + r * kHistBins * sizeof(int32_t);
-  layout.row_stats_offset = layout.chunk_stats_offset + r * static_cast<size_t>(split_hist_count(n, splits)) * 16;
-  layout.list_offset = layout.row_stats_offset + r * 16;
+  layout.list_offset = layout.chunk_stats_offset + r * static_cast<size_t>(split_hist_count(n, splits)) * 16;
   layout.bytes = layout.list_offset + r * static_cast<size_t>(candidate_capacity(k)) * candidate_bytes(in);
   return layout;
 }

@@ -4,13 +4,14 @@
 // k = 1024 that merge (32 x 1024 candidates, several radix selects over them) was ~2/3 of the kernel's time
 // (benchmarks/notes-topk-tuning.md, session 7). Here the chunks agree on ONE row-wide floor first:
 //   launch 1 (CTA per (row, chunk)): the chunk's (max, sum) and a shared-memory histogram of the top kHistBits
-//     bits of every value's order key, added into the row's histogram in global memory. The row's last CTA
-//     (a ticket) merges the chunks' (max, sum) in chunk order and finds the bin holding the row's k-th best:
-//     every value at or above that bin's lowest key is a candidate, and the histogram says how many.
-//   launch 2 (CTA per (row, chunk)): each chunk is read again (from L2: the dispatcher sends only problems
-//     that fit it) and its candidates are appended to the row's list. The row's last CTA loads the list into
-//     shared memory, selects the k best (radix select + compaction), sorts them and writes probabilities and
-//     indices.
+//     bits of every value's order key, added into the row's histogram in global memory.
+//   launch 2 (CTA per (row, chunk), a programmatic dependent launch on Hopper: its CTAs are scheduled while
+//     launch 1 drains and wait for its results): each CTA finds the bin holding the row's k-th best from the
+//     row's histogram (every CTA of a row computes the same answer; one CTA doing it and publishing it cost a
+//     ticket and two more L2 round trips), reads its chunk again (from L2 where it fits) and appends the
+//     values at or above that bin's lowest key to the row's list. The row's last CTA (a ticket) merges the
+//     chunks' (max, sum) in chunk order, loads the list into shared memory, selects the k best (radix select
+//     + compaction), sorts them and writes probabilities and indices.
 // The bins are monotone in the ranking order (NaN on top, -0 == +0), so the floor never drops a value of the
 // top k, and the final selection is exact under the total order of topk_device.cuh: the result does not
 // depend on the list's (atomic, run-dependent) order. When the floor passes more values than the buffer
@@ -24,12 +25,9 @@ namespace {
 
 // Per row, zeroed before launch 1.
 struct SplitHistRowState {
-  unsigned hist_ticket;    // launch 1: chunks that added their histogram
   unsigned select_ticket;  // launch 2: chunks that listed their candidates
   int fill;                // launch 2: entries in the row's list
-  int floor_bin;           // launch 1's last CTA: the bin of the row's k-th best
-  int candidates;          // launch 1's last CTA: values in bins >= floor_bin
-  int pad[3];
+  int pad[6];
 };
 static_assert(sizeof(SplitHistRowState) == kSplitHistStateBytes, "row state size is part of the layout");
 
@@ -38,9 +36,22 @@ struct SplitHistWorkspace {
   SplitHistRowState* states;            // [rows]
   int* hist;                            // [rows][kHistBins]
   RowStats<C>* chunk_stats;             // [rows][splits]
-  RowStats<C>* row_stats;               // [rows]
   typename CandFor<C>::Type* lists;     // [rows][cap]
 };
+
+// Programmatic dependent launch (sm_90+): launch 1 lets launch 2's CTAs be scheduled at once; launch 2 waits
+// for launch 1's completion and memory before it reads anything launch 1 wrote. Without the launch attribute
+// (older GPUs) both are no-ops in effect: launch 2 starts after launch 1 as usual.
+__device__ __forceinline__ void allow_dependent_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // The histogram bin of an order key: its top kHistBits bits (monotone in the key).
 template <typename Key>
@@ -137,14 +148,13 @@ __device__ FloorBin find_floor_bin(const int* hist, int k, int* scratch /* kBloc
 // Launch 1: one CTA per (row, chunk).
 template <typename TIn, bool kVectorLoads>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
-    topk_hist_kernel(const TIn* __restrict__ x, int64_t n, int k, int64_t chunk, int splits,
+    topk_hist_kernel(const TIn* __restrict__ x, int64_t n, int64_t chunk, int splits,
                      SplitHistWorkspace<compute_t<TIn>> ws) {
   using Chunk = ChunkTopk<TIn, kVectorLoads>;
   using C = typename Chunk::C;
   __shared__ int hist[kHistBins];
   __shared__ RowStats<C> stats_scratch[kBlockThreads / kWarpSize];
-  __shared__ int floor_scratch[kBlockThreads / kWarpSize + 2];
-  __shared__ int last;
+  allow_dependent_launch();
   for (int i = threadIdx.x; i < kHistBins; i += kBlockThreads) hist[i] = 0;
   __syncthreads();
 
@@ -171,21 +181,16 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     const int count = hist[i];
     if (count != 0) atomicAdd(row_hist + i, count);
   }
-  SplitHistRowState& state = ws.states[row];
-  if (!took_last_ticket(&state.hist_ticket, splits, &last)) return;
-
-  stats = merged_row_stats(ws.chunk_stats + row * splits, splits, stats_scratch);
-  const FloorBin floor = find_floor_bin(row_hist, k, floor_scratch);
-  if (threadIdx.x == 0) {
-    ws.row_stats[row] = stats;
-    state.floor_bin = floor.bin;
-    state.candidates = floor.candidates;
-  }
 }
+
+// CTAs per SM launch 2's register budget is set for: its candidate buffer (k + 6144 entries, >= 49 KB) allows
+// at most 4 anyway, and at 64 registers (4 per SM) the 16-bit instances spilled 32-56 bytes (ptxas, nvcc 13.0).
+template <typename TIn>
+constexpr int kSelectMinCtasPerSm = sizeof(TIn) == 8 ? 2 : 3;
 
 // Launch 2: one CTA per (row, chunk); the row's last CTA selects and writes.
 template <typename TIn, typename TOut, bool kVectorLoads>
-__global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
+__global__ void __launch_bounds__(kBlockThreads, kSelectMinCtasPerSm<TIn>)
     topk_hist_select_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                             int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
                             SplitHistWorkspace<compute_t<TIn>> ws) {
@@ -199,15 +204,19 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   auto* buf = reinterpret_cast<Cand*>(smem_raw);
   __shared__ BlockScratch<C> scratch;
 
+  __shared__ int floor_scratch[kBlockThreads / kWarpSize + 2];
+
   const int64_t row = blockIdx.x / splits;
   const int part = static_cast<int>(blockIdx.x % splits);
   const TIn* row_x = x + row * n;
   SplitHistRowState& state = ws.states[row];
-  const int candidates = state.candidates;
+  wait_for_prerequisite_grid();
+  const FloorBin floor = find_floor_bin(ws.hist + row * kHistBins, k, floor_scratch);
+  const int candidates = floor.candidates;
   const bool listed = candidates <= cap;  // the same in every CTA of the row
   Cand* list = ws.lists + row * cap;
   if (listed) {
-    const Key floor_key = bin_floor_key<Key>(state.floor_bin);
+    const Key floor_key = bin_floor_key<Key>(floor.bin);
     const int lo = static_cast<int>(part * chunk);
     const int hi = static_cast<int>(min(n, part * chunk + chunk));
     for_each_tile<TIn, kVectorLoads, true>(row_x, lo, hi, [&](const C (&v)[Chunk::U][Chunk::V], int t0, int valid) {
@@ -225,7 +234,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   }
   if (!took_last_ticket(&state.select_ticket, splits, &scratch.merges)) return;
 
-  const RowStats<C> stats = load_stats_cg(ws.row_stats + row);
+  const RowStats<C> stats = merged_row_stats(ws.chunk_stats + row * splits, splits, scratch.stats);
   int count;
   if (listed) {
     for (int i = threadIdx.x; i < candidates; i += kBlockThreads) buf[i] = Ops::load_cg(list + i);
@@ -265,22 +274,35 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   ws.states = reinterpret_cast<SplitHistRowState*>(base);
   ws.hist = reinterpret_cast<int*>(base + layout.hist_offset);
   ws.chunk_stats = reinterpret_cast<RowStats<C>*>(base + layout.chunk_stats_offset);
-  ws.row_stats = reinterpret_cast<RowStats<C>*>(base + layout.row_stats_offset);
   ws.lists = reinterpret_cast<Cand*>(base + layout.list_offset);
   // Row states and histograms start at 0 (the workspace comes uninitialised from the caching allocator).
   cudaError_t err = cudaMemsetAsync(base, 0, layout.chunk_stats_offset, stream);
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
-  topk_hist_kernel<TIn, kVectorLoads><<<blocks, kBlockThreads, 0, stream>>>(x, problem.n, k, chunk, splits, ws);
+  topk_hist_kernel<TIn, kVectorLoads><<<blocks, kBlockThreads, 0, stream>>>(x, problem.n, chunk, splits, ws);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const auto select = topk_hist_select_kernel<TIn, TOut, kVectorLoads>;
   err = allow_dynamic_smem(select, smem);
   if (err != cudaSuccess) return err;
-  select<<<blocks, kBlockThreads, smem, stream>>>(x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k, cap,
-                                                  chunk, splits, problem.renormalize, ws);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kBlockThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  int device = 0;
+  int major = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  config.attrs = attribute;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, select, x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k, cap,
+                            chunk, splits, problem.renormalize, ws);
 }
 
 }  // namespace
