@@ -722,7 +722,6 @@ __device__ void register_bitonic_sort_desc(typename Ops::Type* buf, int n) {
   using Cand = typename Ops::Type;
   const int t = threadIdx.x;
   const bool active = t * E < n;  // whole warps: n / E is a multiple of 32
-  const int lane = t % kWarpSize;
   __syncthreads();
   Cand c[E];
 #pragma unroll
