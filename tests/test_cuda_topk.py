@@ -596,6 +596,8 @@ def test_list_kernels_and_explain():
     assert "kernel 'split_hist'" in softmax_ops.explain((8, 262144), torch.float16, op="fused_topk", k=1024)
     assert "kernel 'split_row'" in softmax_ops.explain((64, 151936), torch.float16, op="fused_topk", k=50)
     assert "kernel 'split_hist'" in softmax_ops.explain((1, 128256), torch.float32, op="fused_topk", k=50)
+    # split_hist reads the logits twice: only where they fit the L2 (50 MB assumed without a GPU)
+    assert "kernel 'split_row'" in softmax_ops.explain((64, 1 << 20), torch.float16, op="fused_topk", k=1024)
     text = softmax_ops.explain((8, 262144), torch.bfloat16, op="fused_topk", k=50_000)
     assert "kernel 'radix'" in text  # beyond the candidate buffer whatever the heuristics
     with softmax_ops.force_kernel("topk", "block"):

@@ -63,6 +63,7 @@ struct TopkHeuristics {
   // vs split_hist 47-49; at k = 50 split_row won or tied: 64 x 151936 42-47 vs 56-65 us, 1 x 128256 22-28 vs
   // 22-25 (16-bit 2-3 us faster with split_hist, fp32 1-2 us slower).
   int64_t split_hist_min_k = kBlockThreads;
+  // Only where the logits fit the L2 (its second launch reads them again; from DRAM they would be read twice).
   // ... and so do single rows whatever k: split_row's one merging CTA is then the whole critical path. H100,
   // 2026-11-22 (*session9-c7-new*): 1 x 128256 k50 split_hist 21.0-21.9 us (fp16), 20.5-21.8 (bf16), 21.8-21.9
   // (fp32) vs split_row 24.4 / 27.2 / 22.5. Not measured between 2 and 7 rows; at 64 rows split_row wins.
@@ -380,7 +381,8 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
       reason << ": rows too short to split into chunks of >= "
              << std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k) << " elements";
     }
-  } else if (k > kHeuristics.split_hist_min_k || rows <= kHeuristics.split_hist_max_rows) {
+  } else if ((k > kHeuristics.split_hist_min_k || rows <= kHeuristics.split_hist_max_rows) &&
+             rows * n * dtype_bytes(dtype) <= props.l2_bytes) {
     kernel = TopkKernel::kSplitHist;
     reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: each row is split; ";
     if (k > kHeuristics.split_hist_min_k) {
@@ -388,7 +390,8 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
     } else {
       reason << rows << (rows == 1 ? " row" : " rows") << " <= " << kHeuristics.split_hist_max_rows;
     }
-    reason << ": one row-wide histogram floor instead of every chunk's top k";
+    reason << ": one row-wide histogram floor instead of every chunk's top k (the logits fit the "
+           << props.l2_bytes / (1024 * 1024) << " MB L2, so its second read of them hits L2)";
   } else {
     kernel = TopkKernel::kSplitRow;
     reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: one CTA per row would leave SMs "
