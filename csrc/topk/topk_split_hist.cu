@@ -4,7 +4,8 @@
 // k = 1024 that merge (32 x 1024 candidates, several radix selects over them) was ~2/3 of the kernel's time
 // (benchmarks/notes-topk-tuning.md, session 7). Here the chunks agree on ONE row-wide floor first:
 //   launch 1 (CTA per (row, chunk)): the chunk's (max, sum) and a shared-memory histogram of the top kHistBits
-//     bits of every value's order key, added into the row's histogram in global memory.
+//     bits of every value's order key, added into the row's histogram in global memory (zeroed by a small
+//     kernel that launch 1 follows as a programmatic dependent launch).
 //   launch 2 (CTA per (row, chunk), a programmatic dependent launch on Hopper: its CTAs are scheduled while
 //     launch 1 drains and wait for its results): each CTA finds the bin holding the row's k-th best from the
 //     row's histogram (every CTA of a row computes the same answer; one CTA doing it and publishing it cost a
@@ -17,6 +18,9 @@
 // depend on the list's (atomic, run-dependent) order. When the floor passes more values than the buffer
 // holds (mass ties or constant rows), launch 2 lists nothing for that row and its last CTA runs the block
 // kernel's producer over the whole row instead: exact, slower.
+#include <algorithm>
+#include <utility>
+
 #include "topk_chunk.cuh"
 #include "topk_launch.h"
 
@@ -51,6 +55,41 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+}
+
+// Zeroes the row states and histograms (16-byte words) before launch 1. A kernel rather than a memset so that
+// launch 1 can be a programmatic dependent launch of it: launch 1's CTAs read their chunks and build their
+// shared-memory histograms meanwhile, and wait only before adding them into the zeroed global ones.
+__global__ void split_hist_zero_kernel(uint4* words, int64_t count) {
+  allow_dependent_launch();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    words[i] = make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// Launches kernel<<<blocks, kBlockThreads, smem, stream>>>(args...) as a programmatic dependent launch of the
+// stream's previous kernel on sm_90+ (its CTAs may start before that kernel ends and must call
+// wait_for_prerequisite_grid before touching its results), as an ordinary launch elsewhere.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
+  int device = 0;
+  int major = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err != cudaSuccess) return err;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(kBlockThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = attribute;
+  config.numAttrs = major >= 9 ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
 // The histogram bin of an order key: its top kHistBits bits (monotone in the key).
@@ -177,6 +216,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   stats = block_merge_stats(stats, stats_scratch);  // its barriers also complete the histogram
   if (threadIdx.x == 0) ws.chunk_stats[row * splits + part] = stats;
   int* row_hist = ws.hist + row * kHistBins;
+  wait_for_prerequisite_grid();  // the zero kernel's writes
   for (int i = threadIdx.x; i < kHistBins; i += kBlockThreads) {
     const int count = hist[i];
     if (count != 0) atomicAdd(row_hist + i, count);
@@ -276,33 +316,21 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   ws.chunk_stats = reinterpret_cast<RowStats<C>*>(base + layout.chunk_stats_offset);
   ws.lists = reinterpret_cast<Cand*>(base + layout.list_offset);
   // Row states and histograms start at 0 (the workspace comes uninitialised from the caching allocator).
-  cudaError_t err = cudaMemsetAsync(base, 0, layout.chunk_stats_offset, stream);
+  static_assert(kSplitHistStateBytes % 16 == 0 && kHistBins * sizeof(int) % 16 == 0, "whole 16-byte words");
+  const auto words = static_cast<int64_t>(layout.chunk_stats_offset / 16);
+  const auto zero_blocks = static_cast<unsigned>(std::min<int64_t>((words + kBlockThreads - 1) / kBlockThreads, 1024));
+  split_hist_zero_kernel<<<zero_blocks, kBlockThreads, 0, stream>>>(reinterpret_cast<uint4*>(base), words);
+  cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
-  topk_hist_kernel<TIn, kVectorLoads><<<blocks, kBlockThreads, 0, stream>>>(x, problem.n, chunk, splits, ws);
-  err = cudaGetLastError();
+  err = launch_dependent(topk_hist_kernel<TIn, kVectorLoads>, blocks, 0, stream, x, problem.n, chunk, splits, ws);
   if (err != cudaSuccess) return err;
   const auto select = topk_hist_select_kernel<TIn, TOut, kVectorLoads>;
   err = allow_dynamic_smem(select, smem);
   if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kBlockThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  int device = 0;
-  int major = 0;
-  err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
-  config.attrs = attribute;
-  config.numAttrs = major >= 9 ? 1 : 0;
-  return cudaLaunchKernelEx(&config, select, x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k, cap,
-                            chunk, splits, problem.renormalize, ws);
+  return launch_dependent(select, blocks, smem, stream, x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k,
+                          cap, chunk, splits, problem.renormalize, ws);
 }
 
 }  // namespace
