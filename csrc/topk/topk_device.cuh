@@ -859,6 +859,15 @@ cudaError_t dispatch_in_out(DType in, DType out, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+// Calls f(TypeTag<In>{}, TypeTag<Out>{}, std::bool_constant<kVectorLoads>{}) for a forward problem's dtype pair
+// (dispatch_in_out) and its plan's load width: the instance a launch function runs.
+template <typename Problem, typename Plan, typename F>
+cudaError_t dispatch_forward_instance(const Problem& problem, const Plan& plan, F&& f) {
+  return dispatch_in_out(problem.in_dtype, problem.out_dtype, [&](auto in_tag, auto out_tag) {
+    return plan.vector_loads ? f(in_tag, out_tag, std::true_type{}) : f(in_tag, out_tag, std::false_type{});
+  });
+}
+
 // Calls f(std::integral_constant<int, V>{}) for the V of Vs equal to value (cudaErrorInvalidValue if none).
 template <int... Vs, typename F>
 cudaError_t dispatch_int(int value, F&& f) {

@@ -337,11 +337,10 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
 
 cudaError_t launch_topk_split_hist(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                                    cudaStream_t stream) {
-  return dispatch_in_out(problem.in_dtype, problem.out_dtype, [&](auto in_tag, auto out_tag) {
+  return dispatch_forward_instance(problem, plan, [&](auto in_tag, auto out_tag, auto vector_loads) {
     using TIn = typename decltype(in_tag)::type;
     using TOut = typename decltype(out_tag)::type;
-    return plan.vector_loads ? launch_split_hist_kernels<TIn, TOut, true>(problem, plan, ptrs, stream)
-                             : launch_split_hist_kernels<TIn, TOut, false>(problem, plan, ptrs, stream);
+    return launch_split_hist_kernels<TIn, TOut, decltype(vector_loads)::value>(problem, plan, ptrs, stream);
   });
 }
 
