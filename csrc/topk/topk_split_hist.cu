@@ -10,15 +10,14 @@
 //     launch 1 drains and wait for its results): each CTA finds the bin holding the row's k-th best from the
 //     row's histogram (every CTA of a row computes the same answer; one CTA doing it and publishing it cost a
 //     ticket and two more L2 round trips), reads its chunk again (from L2 where it fits) and appends the
-//     values at or above that bin's lowest key to the row's list.
-//   launch 3 (a 1024-thread CTA per row, dependent launch too): merges the chunks' (max, sum) in chunk order,
-//     loads the list into shared memory, selects the k best (radix select + compaction), sorts them and writes
-//     probabilities and indices.
+//     values at or above that bin's lowest key to the row's list. The row's last CTA (a ticket) merges the
+//     chunks' (max, sum) in chunk order, loads the list into shared memory, selects the k best (radix select
+//     + compaction), sorts them and writes probabilities and indices.
 // The bins are monotone in the ranking order (NaN on top, -0 == +0), so the floor never drops a value of the
 // top k, and the final selection is exact under the total order of topk_device.cuh: the result does not
 // depend on the list's (atomic, run-dependent) order. When the floor passes more values than the buffer
-// holds (mass ties or constant rows), launch 2 lists nothing for that row and its last CTA (a ticket) runs the
-// block kernel's producer over the whole row instead: exact, slower; launch 3 skips that row.
+// holds (mass ties or constant rows), launch 2 lists nothing for that row and its last CTA runs the block
+// kernel's producer over the whole row instead: exact, slower.
 #include <algorithm>
 #include <utility>
 
@@ -69,12 +68,12 @@ __global__ void split_hist_zero_kernel(uint4* words, int64_t count) {
   }
 }
 
-// Launches kernel<<<blocks, threads, smem, stream>>>(args...) as a programmatic dependent launch of the
+// Launches kernel<<<blocks, kBlockThreads, smem, stream>>>(args...) as a programmatic dependent launch of the
 // stream's previous kernel on sm_90+ (its CTAs may start before that kernel ends and must call
 // wait_for_prerequisite_grid before touching its results), as an ordinary launch elsewhere.
 template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, unsigned threads, size_t smem,
-                             cudaStream_t stream, Args&&... args) {
+cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, size_t smem, cudaStream_t stream,
+                             Args&&... args) {
   int device = 0;
   int major = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -85,7 +84,7 @@ cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, unsigne
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(blocks);
-  config.blockDim = dim3(threads);
+  config.blockDim = dim3(kBlockThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attribute;
@@ -229,8 +228,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
 template <typename TIn>
 constexpr int kSelectMinCtasPerSm = sizeof(TIn) == 8 ? 2 : 3;
 
-// Launch 2: one CTA per (row, chunk) lists the row's candidates (rows whose floor bin overflows the list: the
-// last CTA writes the row).
+// Launch 2: one CTA per (row, chunk); the row's last CTA selects and writes.
 template <typename TIn, typename TOut, bool kVectorLoads>
 __global__ void __launch_bounds__(kBlockThreads, kSelectMinCtasPerSm<TIn>)
     topk_hist_select_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
@@ -252,7 +250,6 @@ __global__ void __launch_bounds__(kBlockThreads, kSelectMinCtasPerSm<TIn>)
   const int part = static_cast<int>(blockIdx.x % splits);
   const TIn* row_x = x + row * n;
   SplitHistRowState& state = ws.states[row];
-  allow_dependent_launch();
   wait_for_prerequisite_grid();
   const FloorBin floor = find_floor_bin(ws.hist + row * kHistBins, k, floor_scratch);
   const int candidates = floor.candidates;
@@ -275,59 +272,29 @@ __global__ void __launch_bounds__(kBlockThreads, kSelectMinCtasPerSm<TIn>)
       append_selected<Ops>(list, &state.fill, take, [&](int b) { return Chunk::candidate(v, b, t0); });
     });
   }
-  if (listed) return;  // launch 3 selects, sorts and writes the row
-
-  // A row whose floor bin holds more values than the list (mass ties, constant rows): its last CTA runs the
-  // block kernel's producer over the whole row instead.
   if (!took_last_ticket(&state.select_ticket, splits, &scratch.merges)) return;
+
   const RowStats<C> stats = merged_row_stats(ws.chunk_stats + row * splits, splits, scratch.stats);
-  RowStats<C> unused;
-  Cand kth = Ops::none();
-  const int count = Chunk::run(row_x, 0, static_cast<int>(n), k, buf, cap, scratch.select, unused, &kth);
-  write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
-}
-
-// Launch 3: one CTA of kFinishThreads per row whose values launch 2 listed. The select, the compaction and above
-// all the sort are a single CTA's latency-bound work: in launch 2's last CTA (256 threads, 8 warps) the register
-// sort of 1024 candidates took 8.3 us and the radix select of ~1600 3.7 us (H100, *session9-c8-timeline*);
-// 32 warps hide 4x the latency.
-// float64 (16-byte candidates: the register sort's 8 per thread at 64 registers spilled ~500 bytes) keeps 256.
-template <typename TIn>
-constexpr int kFinishThreads = sizeof(TIn) == 8 ? 256 : 1024;
-
-template <typename TIn, typename TOut>
-__global__ void __launch_bounds__(kFinishThreads<TIn>, 1)
-    topk_hist_finish_kernel(TOut* __restrict__ values, int64_t* __restrict__ indices, int k, int cap, int splits,
-                            bool renormalize, SplitHistWorkspace<compute_t<TIn>> ws) {
-  using C = compute_t<TIn>;
-  using Ops = CandFor<C>;
-  using Cand = typename Ops::Type;
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  auto* buf = reinterpret_cast<Cand*>(smem_raw);
-  __shared__ SelectScratch select;
-  __shared__ RowStats<C> stats_scratch[kFinishThreads<TIn> / kWarpSize];
-  __shared__ C sums[kFinishThreads<TIn> / kWarpSize];
-
-  const int64_t row = blockIdx.x;
-  wait_for_prerequisite_grid();
-  const int listed = __ldcg(&ws.states[row].fill);  // >= k, or 0 for a row launch 2 wrote itself
-  if (listed == 0) return;
-  const RowStats<C> stats = merged_row_stats(ws.chunk_stats + row * splits, splits, stats_scratch);
-  const Cand* list = ws.lists + row * cap;
-  for (int i = threadIdx.x; i < listed; i += kFinishThreads<TIn>) buf[i] = Ops::load_cg(list + i);
-  __syncthreads();
-  int count = listed;
-  // Up to one candidate per thread, sorting them all beats selecting the k best first (64 x 151936 k50,
-  // ~70 candidates: 51-52 us against 56-58 us with 256 threads). Beyond, selecting first won: 8 x 262144 k1024
-  // (~1600 candidates) took 48-52 us sorting all 2048 in registers, 43-46 us selecting 1024 first (H100,
-  // *session9-c5-*, 256 threads).
-  const bool sort_all = max(kWarpSize, next_pow2_device(count)) <= kFinishThreads<TIn>;
-  if (count > k && !sort_all) {
-    constexpr bool kSideList = sizeof(TIn) == 2;  // as ChunkTopk
-    const Cand kth = block_radix_threshold<Ops, kSideList>(buf, count, k, select);
-    count = block_compact<Ops>(buf, count, kth, select);
+  int count;
+  if (listed) {
+    for (int i = threadIdx.x; i < candidates; i += kBlockThreads) buf[i] = Ops::load_cg(list + i);
+    __syncthreads();
+    count = candidates;
+    // Up to one candidate per thread, sorting them all beats selecting the k best first (64 x 151936 k50,
+    // ~70 candidates: 51-52 us against 56-58 us). Beyond, selecting first wins: 8 x 262144 k1024 (~1600
+    // candidates) took 48-52 us sorting all 2048 in registers, 43-46 us selecting 1024 first (H100,
+    // *session9-c5-*).
+    const bool sort_all = max(kWarpSize, next_pow2_device(count)) <= kBlockThreads;
+    if (count > k && !sort_all) {
+      const Cand kth = block_radix_threshold<Ops, Chunk::kSideList>(buf, count, k, scratch.select);
+      count = block_compact<Ops>(buf, count, kth, scratch.select);
+    }
+  } else {
+    RowStats<C> unused;
+    Cand kth = Ops::none();
+    count = Chunk::run(row_x, 0, static_cast<int>(n), k, buf, cap, scratch.select, unused, &kth);
   }
-  write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, sums);
+  write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
 template <typename TIn, typename TOut, bool kVectorLoads>
@@ -357,21 +324,13 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
-  err = launch_dependent(topk_hist_kernel<TIn, kVectorLoads>, blocks, kBlockThreads, 0, stream, x, problem.n, chunk,
-                         splits, ws);
+  err = launch_dependent(topk_hist_kernel<TIn, kVectorLoads>, blocks, 0, stream, x, problem.n, chunk, splits, ws);
   if (err != cudaSuccess) return err;
-  auto* values = static_cast<TOut*>(ptrs.values);
   const auto select = topk_hist_select_kernel<TIn, TOut, kVectorLoads>;
   err = allow_dynamic_smem(select, smem);
   if (err != cudaSuccess) return err;
-  err = launch_dependent(select, blocks, kBlockThreads, smem, stream, x, values, ptrs.indices, problem.n, k, cap, chunk,
-                         splits, problem.renormalize, ws);
-  if (err != cudaSuccess) return err;
-  const auto finish = topk_hist_finish_kernel<TIn, TOut>;
-  err = allow_dynamic_smem(finish, smem);
-  if (err != cudaSuccess) return err;
-  return launch_dependent(finish, static_cast<unsigned>(problem.rows), kFinishThreads<TIn>, smem, stream, values,
-                          ptrs.indices, k, cap, splits, problem.renormalize, ws);
+  return launch_dependent(select, blocks, smem, stream, x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k,
+                          cap, chunk, splits, problem.renormalize, ws);
 }
 
 }  // namespace
