@@ -132,8 +132,8 @@ __device__ __forceinline__ uint32_t in_range_mask(int valid) {
   return valid < kTileElems ? Chunk::valid_mask(valid) : kAll;
 }
 
-// The bin holding the k-th best value of a row histogram that other CTAs of this launch wrote (read through
-// L2), and how many values lie in that bin and above (>= k). Thread t owns the kPer bins below
+// The bin holding the k-th best value of a row histogram that launch 1 wrote (read through L2), and how many
+// values lie in that bin and above (>= k). Thread t owns the kPer bins below
 // kHistBins - t * kPer: a block scan of the threads' totals in that order, then the thread whose range
 // reaches k walks its bins down. Every thread returns the answer.
 struct FloorBin {
