@@ -54,8 +54,11 @@ struct TopkHeuristics {
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
-  // Its chunks write no candidates, so they can be shorter than split_row's.
-  int64_t split_hist_target_ctas_per_sm = 4;
+  // Its chunks write no candidates, so they can be shorter than split_row's. H100, 2026-11-22
+  // (*session9-c13-chunking-*, two runs): a target of 2 instead of 4 took 8 x 262144 k1024 from 41.5-44.5 us
+  // to 37.8-41.6 (32 chunks of 8192 instead of 64 of 4096; 1 x 128256 k50 unchanged: 31 chunks either way);
+  // chunks of >= 8192 instead lost 2 us on 1 x 128256.
+  int64_t split_hist_target_ctas_per_sm = 2;
   int64_t split_hist_min_chunk = 4096;
   // Split rows with k above this go to split_hist instead of split_row: split_row's chunks then have no
   // first-tile floor (k > kBlockThreads) and its merge reads chunks x k candidates. H100, 2026-11-22,
