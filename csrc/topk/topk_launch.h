@@ -91,15 +91,20 @@ inline size_t block_dynamic_smem_bytes(DType in, int64_t k) {
   return static_cast<size_t>(candidate_capacity(k)) * candidate_bytes(in);
 }
 
-// split_row: chunk length (a multiple of the tile) and the number of chunks actually launched.
-inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
+// Rows split into chunks (split_row, split_hist, radix, the backward's split): ceil(n / splits) rounded up to a
+// multiple of `align`, and the number of chunks of that length a row of n needs (fewer than `splits` when the
+// rounding grew them; the last chunk may be shorter).
+inline int64_t aligned_chunk_elems(int64_t n, int64_t splits, int64_t align) {
   const int64_t want = (n + splits - 1) / splits;
-  return std::max<int64_t>(kTileElems, (want + kTileElems - 1) / kTileElems * kTileElems);
+  return (want + align - 1) / align * align;
 }
-inline int64_t split_count(int64_t n, int64_t splits) {
-  const int64_t chunk = split_chunk_elems(n, splits);
-  return (n + chunk - 1) / chunk;
+inline int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
+
+// split_row: chunk length (whole tiles, at least one) and the number of chunks actually launched.
+inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
+  return std::max<int64_t>(kTileElems, aligned_chunk_elems(n, splits, kTileElems));
 }
+inline int64_t split_count(int64_t n, int64_t splits) { return chunk_count(n, split_chunk_elems(n, splits)); }
 // Per (row, chunk): k candidates, then per (row, chunk) the chunk's (max, sum) as two compute-type values
 // (16-byte slots), then per row a 32-bit ticket (zeroed by the launch function before the kernel).
 struct SplitWorkspaceLayout {
@@ -129,13 +134,9 @@ constexpr int kHistBits = 12;
 constexpr int kHistBins = 1 << kHistBits;
 constexpr int64_t kSplitHistChunkAlign = 256;
 inline int64_t split_hist_chunk_elems(int64_t n, int64_t splits) {
-  const int64_t want = (n + splits - 1) / splits;
-  return (want + kSplitHistChunkAlign - 1) / kSplitHistChunkAlign * kSplitHistChunkAlign;
+  return aligned_chunk_elems(n, splits, kSplitHistChunkAlign);
 }
-inline int64_t split_hist_count(int64_t n, int64_t splits) {
-  const int64_t chunk = split_hist_chunk_elems(n, splits);
-  return (n + chunk - 1) / chunk;
-}
+inline int64_t split_hist_count(int64_t n, int64_t splits) { return chunk_count(n, split_hist_chunk_elems(n, splits)); }
 constexpr size_t kSplitHistStateBytes = 32;
 struct SplitHistWorkspaceLayout {
   size_t hist_offset = 0;         // after the row states at offset 0
@@ -157,23 +158,16 @@ inline SplitHistWorkspaceLayout split_hist_workspace_layout(DType in, int64_t ro
 // radix: per row a 64-byte state and a 256-bin int32 histogram; per (row, chunk) a partial (max, sum).
 constexpr int kRadixThreads = 256;
 constexpr size_t kRadixStateBytes = 64;
-inline int64_t radix_chunk_elems(int64_t n, int64_t splits) { return (n + splits - 1) / splits; }
-inline int64_t radix_count(int64_t n, int64_t splits) {
-  const int64_t chunk = radix_chunk_elems(n, splits);
-  return (n + chunk - 1) / chunk;
-}
+inline int64_t radix_chunk_elems(int64_t n, int64_t splits) { return aligned_chunk_elems(n, splits, 1); }
+inline int64_t radix_count(int64_t n, int64_t splits) { return chunk_count(n, radix_chunk_elems(n, splits)); }
 inline size_t radix_workspace_bytes(int64_t rows, int64_t n, int64_t splits) {
   return static_cast<size_t>(rows) * (kRadixStateBytes + 256 * 4 + 16 * static_cast<size_t>(radix_count(n, splits)));
 }
 
 // backward: CTAs of `threads`; split: chunks of a multiple of 16 elements, partial (max, sum) per chunk.
-inline int64_t backward_chunk_elems(int64_t n, int64_t splits) {
-  const int64_t want = (n + splits - 1) / splits;
-  return (want + 15) / 16 * 16;
-}
+inline int64_t backward_chunk_elems(int64_t n, int64_t splits) { return aligned_chunk_elems(n, splits, 16); }
 inline int64_t backward_split_count(int64_t n, int64_t splits) {
-  const int64_t chunk = backward_chunk_elems(n, splits);
-  return (n + chunk - 1) / chunk;
+  return chunk_count(n, backward_chunk_elems(n, splits));
 }
 
 // ---- problems and plans -------------------------------------------------------------------------------

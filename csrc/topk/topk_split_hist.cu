@@ -68,17 +68,22 @@ __global__ void split_hist_zero_kernel(uint4* words, int64_t count) {
   }
 }
 
-// Launches kernel<<<blocks, kBlockThreads, smem, stream>>>(args...) as a programmatic dependent launch of the
-// stream's previous kernel on sm_90+ (its CTAs may start before that kernel ends and must call
-// wait_for_prerequisite_grid before touching its results), as an ordinary launch elsewhere.
-template <typename... Params, typename... Args>
-cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, size_t smem, cudaStream_t stream,
-                             Args&&... args) {
+// Whether the current device takes programmatic dependent launches (sm_90+).
+cudaError_t query_programmatic_launch(bool* supported) {
   int device = 0;
   int major = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err != cudaSuccess) return err;
+  *supported = err == cudaSuccess && major >= 9;
+  return err;
+}
+
+// Launches kernel<<<blocks, kBlockThreads, smem, stream>>>(args...) as a programmatic dependent launch of the
+// stream's previous kernel where `programmatic` (its CTAs may start before that kernel ends and must call
+// wait_for_prerequisite_grid before touching its results), as an ordinary launch elsewhere.
+template <typename... Params, typename... Args>
+cudaError_t launch_dependent(bool programmatic, void (*kernel)(Params...), unsigned blocks, size_t smem,
+                             cudaStream_t stream, Args&&... args) {
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
@@ -88,7 +93,7 @@ cudaError_t launch_dependent(void (*kernel)(Params...), unsigned blocks, size_t 
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   config.attrs = attribute;
-  config.numAttrs = major >= 9 ? 1 : 0;
+  config.numAttrs = programmatic ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
@@ -324,13 +329,17 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
-  err = launch_dependent(topk_hist_kernel<TIn, kVectorLoads>, blocks, 0, stream, x, problem.n, chunk, splits, ws);
+  bool programmatic = false;
+  err = query_programmatic_launch(&programmatic);
+  if (err != cudaSuccess) return err;
+  err = launch_dependent(programmatic, topk_hist_kernel<TIn, kVectorLoads>, blocks, 0, stream, x, problem.n, chunk,
+                         splits, ws);
   if (err != cudaSuccess) return err;
   const auto select = topk_hist_select_kernel<TIn, TOut, kVectorLoads>;
   err = allow_dynamic_smem(select, smem);
   if (err != cudaSuccess) return err;
-  return launch_dependent(select, blocks, smem, stream, x, static_cast<TOut*>(ptrs.values), ptrs.indices, problem.n, k,
-                          cap, chunk, splits, problem.renormalize, ws);
+  return launch_dependent(programmatic, select, blocks, smem, stream, x, static_cast<TOut*>(ptrs.values), ptrs.indices,
+                          problem.n, k, cap, chunk, splits, problem.renormalize, ws);
 }
 
 }  // namespace
