@@ -66,10 +66,10 @@ struct TopkHeuristics {
   // vs split_hist 47-49; at k = 50 split_row won or tied: 64 x 151936 42-47 vs 56-65 us, 1 x 128256 22-28 vs
   // 22-25 (16-bit 2-3 us faster with split_hist, fp32 1-2 us slower).
   int64_t split_hist_min_k = kBlockThreads;
-  // Only where the logits fit the L2 (its second launch reads them again; from DRAM they would be read twice).
   // ... and so do single rows whatever k: split_row's one merging CTA is then the whole critical path. H100,
   // 2026-11-22 (*session9-c7-new*): 1 x 128256 k50 split_hist 21.0-21.9 us (fp16), 20.5-21.8 (bf16), 21.8-21.9
   // (fp32) vs split_row 24.4 / 27.2 / 22.5. Not measured between 2 and 7 rows; at 64 rows split_row wins.
+  // Both only where the logits fit the L2 (split_hist reads them twice; from DRAM that would double the bytes).
   int64_t split_hist_max_rows = 1;
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
@@ -119,20 +119,24 @@ int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& pr
   return static_cast<int>(threads);
 }
 
-int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDeviceProps& props) {
-  const int64_t min_chunk = std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k);
-  const int64_t want = ceil_div(kHeuristics.split_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
+// Chunks per row for a kernel that splits rows: enough for ctas_per_sm CTAs per SM over all rows, but chunks of
+// at least min_chunk elements (and at least one chunk).
+int64_t splits_for(int64_t rows, int64_t n, int64_t ctas_per_sm, int64_t min_chunk, const TopkDeviceProps& props) {
+  const int64_t want = ceil_div(ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
   return std::max<int64_t>(1, std::min(want, n / min_chunk));
 }
 
+int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDeviceProps& props) {
+  const int64_t min_chunk = std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k);
+  return splits_for(rows, n, kHeuristics.split_target_ctas_per_sm, min_chunk, props);
+}
+
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
-  const int64_t want = ceil_div(kHeuristics.split_hist_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
-  return std::max<int64_t>(1, std::min(want, n / kHeuristics.split_hist_min_chunk));
+  return splits_for(rows, n, kHeuristics.split_hist_target_ctas_per_sm, kHeuristics.split_hist_min_chunk, props);
 }
 
 int64_t radix_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
-  const int64_t want = ceil_div(kHeuristics.radix_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
-  return std::max<int64_t>(1, std::min(want, n / kHeuristics.radix_min_chunk));
+  return splits_for(rows, n, kHeuristics.radix_target_ctas_per_sm, kHeuristics.radix_min_chunk, props);
 }
 
 int backward_threads(int64_t n, DType dtype) {
@@ -206,8 +210,8 @@ TopkBackwardPlan backward_plan_for(TopkBackwardKernel kernel, int64_t rows, int6
   plan.kernel = kernel;
   plan.threads = backward_threads(n, dtype);
   if (kernel == TopkBackwardKernel::kSplit) {
-    const int64_t want = ceil_div(kHeuristics.split_target_ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
-    plan.splits = std::max<int64_t>(forced ? 2 : 1, std::min(want, n / kHeuristics.backward_min_chunk));
+    plan.splits = std::max<int64_t>(
+        forced ? 2 : 1, splits_for(rows, n, kHeuristics.split_target_ctas_per_sm, kHeuristics.backward_min_chunk, props));
     plan.threads = backward_threads(backward_chunk_elems(n, plan.splits), dtype);
     plan.workspace_bytes = static_cast<size_t>(rows) * static_cast<size_t>(backward_split_count(n, plan.splits)) * 16;
   }
