@@ -5,7 +5,7 @@
 //   * a value joins the shared-memory candidate buffer only if it can still be in the top k: one unordered
 //     float compare against a bound derived from the threshold key (filter_bound). Tiles are read in index
 //     order, so a later value with the threshold's own key ranks below it (higher index) and is rejected;
-//   * a thread appends its tile's passing values with one slot reservation per warp (warp_reserve);
+//   * a thread appends its tile's passing values with one shared atomic for its slots (Reserve::kPerLane);
 //   * one barrier per tile (__syncthreads_count) keeps an upper bound of the buffer's fill; only when the
 //     next tile could overflow the buffer is the exact count read, and if needed a block radix select finds
 //     the k-th best candidate, the buffer is compacted to the k best and the threshold rises to it;
@@ -243,7 +243,7 @@ struct ChunkTopk {
         take = closed ? 0u : tile_take(v, bound);
       }
       if (valid < kTileElems) take &= valid_mask(valid);
-      const int appended = append_selected<Ops>(buf, &s.count, take,
+      const int appended = append_selected<Ops, Reserve::kPerLane>(buf, &s.count, take,
                                                 [&](int b) { return candidate(v, b, t0); });
       if (!more) break;  // the final selection below reads the exact count
       fill_bound += kPerThread * __syncthreads_count(appended > 0);

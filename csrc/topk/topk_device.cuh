@@ -494,15 +494,32 @@ __device__ __forceinline__ X pick(const X (&flat)[N], int b) {
   return x;
 }
 
-// Appends the candidates whose bits are set in `take` (candidate(b) builds number b) at slots reserved with
-// one atomic per warp; returns popc(take). Every lane of the warp calls it. A lane usually has 0-1 bits set,
-// so the write loop runs about once, against one vote + atomic + shuffle per value for warp_append.
-template <typename Ops, typename MakeCandidate>
+// How append_selected reserves its slots.
+enum class Reserve {
+  kPerWarp,  // one atomic per warp after a warp scan (warp_reserve): for counters in global memory
+  kPerLane,  // one atomic per lane that appends: for shared-memory counters, where the block kernels' tiles
+             // append from 1-2 lanes of a warp and the scan's ~30 instructions (a shuffle chain) cost more
+             // than the lanes' serialised shared atomics
+};
+
+// Appends the candidates whose bits are set in `take` (candidate(b) builds number b) at reserved slots;
+// returns popc(take). Every lane of the warp calls it. A lane usually has 0-1 bits set, so the write loop
+// runs about once, against one vote + atomic + shuffle per value for warp_append. The slots' order varies
+// from run to run either way (warps race): readers rank candidates by key, never by slot.
+template <typename Ops, Reserve kReserve = Reserve::kPerWarp, typename MakeCandidate>
 __device__ __forceinline__ int append_selected(typename Ops::Type* buf, int* counter, uint32_t take,
                                                MakeCandidate&& candidate) {
-  if (!__any_sync(kFullMask, take != 0)) return 0;
-  const int n = __popc(take);
-  int slot = warp_reserve(counter, n);
+  int n;
+  int slot;
+  if constexpr (kReserve == Reserve::kPerLane) {
+    if (take == 0) return 0;
+    n = __popc(take);
+    slot = atomicAdd(counter, n);
+  } else {
+    if (!__any_sync(kFullMask, take != 0)) return 0;
+    n = __popc(take);
+    slot = warp_reserve(counter, n);
+  }
   while (take != 0) {
     const int b = __ffs(take) - 1;
     take &= take - 1;

@@ -39,7 +39,13 @@ struct TopkHeuristics {
   // row: the fewest that hold the row in 32 slots each, doubled while the grid has fewer than
   // rows_min_warps_per_sm warps per SM and each thread keeps a whole 16-byte vector (16384x64 fp16: 4
   // threads of 16 values). Fewer threads per row cost fewer merge steps (each ~K shuffles + a half-cleaner).
+  // Rows that are not a whole number of 16-byte vectors take scalar loads, where a thread's share need not
+  // be a vector: they double while each thread keeps rows_scalar_min_values. H100, 2026-11-22 (session 10,
+  // one process, 3 interleaved rounds, *session10-c4-rows-sweep*): 4096x60 k4 fp16 / bf16 at 4 threads
+  // (the vector rule) 7.9-8.5 us, at 8 or 16 threads 6.8-7.4; 16384-row shapes keep their threads (their
+  // warps already reach the target), and the vector rule measured best or within noise on every aligned case.
   int64_t rows_min_warps_per_sm = 8;
+  int64_t rows_scalar_min_values = 2;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
@@ -112,7 +118,12 @@ int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuris
 
 int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
-  while (threads < kRowsMaxThreadsPerRow && n >= 2 * threads * vec_elems(dtype) &&
+  // Values a thread must keep after a doubling: a whole 16-byte vector, or a few scalars when the rows cannot
+  // take vector loads (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the plan
+  // does not see: a misaligned view of vector-sized rows keeps the vector rule).
+  const bool vector_sized = (n * dtype_bytes(dtype)) % 16 == 0;
+  const int64_t min_values = vector_sized ? vec_elems(dtype) : kHeuristics.rows_scalar_min_values;
+  while (threads < kRowsMaxThreadsPerRow && n >= 2 * threads * min_values &&
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
