@@ -88,6 +88,11 @@ struct ChunkTopk {
   template <bool kStream = true>
   static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
     constexpr ElementBits<TIn> kPad = neg_inf_bits<TIn>();
+    if (kVectorLoads && valid >= kTileElems) {  // a whole tile: no predicates, no padding moves
+#pragma unroll
+      for (int u = 0; u < U; ++u) t.w[u] = load_raw16<TIn, kStream>(x + tile_offset(u, 0));
+      return;
+    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if constexpr (kVectorLoads) {
@@ -136,7 +141,9 @@ struct ChunkTopk {
   static __device__ __forceinline__ bool is_nan_key(Key key) { return key == OrderKey<C>::of(quiet_nan<C>()); }
 
   static __device__ __forceinline__ Cand candidate(const C (&v)[U][V], int b, int t0) {
-    return Ops::make(OrderKey<C>::of(pick(v, b)), column(t0, tile_offset(b)));
+    const unsigned bit = static_cast<unsigned>(b);  // unsigned: b / V and b % V without sign fix-ups
+    const int offset = tile_offset(static_cast<int>(bit / V), static_cast<int>(bit % V));
+    return Ops::make(OrderKey<C>::of(pick(v, b)), column(t0, offset));
   }
 
   // The first tile's threshold: the k-th best of the per-thread best values (a radix prefix; none when

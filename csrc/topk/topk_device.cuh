@@ -474,14 +474,26 @@ __device__ __forceinline__ int warp_reserve(int* counter, int n) {
   return base + inclusive - n;
 }
 
-// v[b / N][b % N] for a run-time b < M * N without local memory (registers cannot be indexed): one
-// compare + select per entry, in place. A select tree would take log2 fewer instructions but keeps a second
-// copy of the tile live (+18 registers in the block kernel, measured with ptxas).
+// v[b / N][b % N] for a run-time b < M * N without local memory (registers cannot be indexed): per row
+// of v a chain of selects on b % N (the N - 1 compares shared by the M rows), then one on b / N: M
+// independent chains of N - 1 selects instead of one of M * N - 1, and half the compares. A full select tree
+// would be shallower still but keeps a second copy of the tile live (+18 registers in the block kernel,
+// ptxas); this keeps M values. The block kernels' append runs it just before a barrier: its depth counts.
 template <typename X, int M, int N>
 __device__ __forceinline__ X pick(const X (&v)[M][N], int b) {
-  X x = v[0][0];
+  const unsigned bit = static_cast<unsigned>(b);
+  const unsigned col = bit % N;
+  const unsigned row = bit / N;
+  X in_row[M];
 #pragma unroll
-  for (int i = 1; i < M * N; ++i) x = b == i ? v[i / N][i % N] : x;
+  for (int m = 0; m < M; ++m) {
+    in_row[m] = v[m][0];
+#pragma unroll
+    for (int j = 1; j < N; ++j) in_row[m] = col == static_cast<unsigned>(j) ? v[m][j] : in_row[m];
+  }
+  X x = in_row[0];
+#pragma unroll
+  for (int m = 1; m < M; ++m) x = row == static_cast<unsigned>(m) ? in_row[m] : x;
   return x;
 }
 
