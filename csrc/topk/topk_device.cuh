@@ -511,7 +511,8 @@ enum class Reserve {
   kPerWarp,  // one atomic per warp after a warp scan (warp_reserve): for counters in global memory
   kPerLane,  // one atomic per lane that appends: for shared-memory counters, where the block kernels' tiles
              // append from 1-2 lanes of a warp and the scan's ~30 instructions (a shuffle chain) cost more
-             // than the lanes' serialised shared atomics
+             // than the lanes' serialised shared atomics (H100, session 10: block 1024x50000 k50 fp16
+             // 94.6 -> 89.2 us, *session10-c5-ab-*)
 };
 
 // Appends the candidates whose bits are set in `take` (candidate(b) builds number b) at reserved slots;
