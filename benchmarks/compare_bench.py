@@ -5,7 +5,9 @@ Usage:
     python benchmarks/compare_bench.py --base base-run1.json,base-run2.json --new new-run1.json,new-run2.json
 
 Prints one line per (op, dtype, shape[, k]) that both sides measured: softmax_ops' xCopy (xSum for fused_topk) in
-every base run, then in every new run, the kernel the new tree chose, and the mean change. Runs are listed, not
+every base run, then in every new run, the kernel the new tree chose, and the mean change. The files may also be
+tune_softmax.py / tune_topk.py JSON (what benchmarks/ab_tune.sh writes): then every timed kernel of a case is a
+line of its own, named op:kernel ("auto" is the dispatcher's choice). Runs are listed, not
 averaged away: small shapes move by about +-0.1 between runs of the same code, and a conclusion needs the runs
 of both sides to separate (benchmarks/notes-softmax-tuning.md). This is how the A/B numbers in the notes and
 commit messages are read off the committed *-ab*-*.json files. Standard library only.
@@ -27,20 +29,37 @@ def shape_text(shape) -> str:
     return shape if isinstance(shape, str) else "x".join(str(n) for n in shape)
 
 
+def measured(payload: dict) -> Iterable[tuple[Case, float, str]]:
+    """(case, ratio, kernel) of every softmax_ops measurement in one JSON file: a bench run (rows of impls) or
+    a tune script's run (rows of cases, each with the timings of "auto" and the forced kernels)."""
+    is_tune = "kernels" in payload
+    for row in payload["rows"]:
+        if not is_tune:
+            ratio = row.get("xcopy", row.get("xsum"))
+            if row.get("impl") == OURS and ratio is not None:
+                yield (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", ""))), ratio, \
+                    row.get("kernel") or ""
+            continue
+        op = row.get("op", "fused_topk")  # tune_topk.py rows carry no op
+        for timing in row["timings"]:
+            ratio = timing.get("xcopy", timing.get("xsum"))
+            if timing.get("ms") is None or ratio is None:
+                continue
+            kernel = row["auto_kernel"] if timing["kernel"] == "auto" else timing["kernel"]
+            case = (f"{op}:{timing['kernel']}", row["dtype"], shape_text(row["shape"]), str(row.get("k", "")))
+            yield case, ratio, kernel
+
+
 def load_runs(paths: Iterable[str]) -> tuple[dict[Case, list[float]], dict[Case, str]]:
     """softmax_ops' ratio per case, one entry per file that measured it, and the last kernel named."""
     ratios: dict[Case, list[float]] = {}
     kernels: dict[Case, str] = {}
     for path in paths:
         with open(path) as handle:
-            rows = json.load(handle)["rows"]
-        for row in rows:
-            ratio = row.get("xcopy", row.get("xsum"))
-            if row.get("impl") != OURS or ratio is None:
-                continue
-            case = (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", "")))
+            payload = json.load(handle)
+        for case, ratio, kernel in measured(payload):
             ratios.setdefault(case, []).append(float(ratio))
-            kernels[case] = row.get("kernel") or ""
+            kernels[case] = kernel
     return ratios, kernels
 
 

@@ -61,6 +61,30 @@ def test_compare_keys_topk_cases_by_k_and_fails_without_common_cases(tmp_path, c
     assert "no case" in capsys.readouterr().err
 
 
+def tune_run(path: Path, timings: list[dict]) -> str:
+    """A tune_topk.py JSON file with one case (16384x64 k6 fp16) and the given timings."""
+    case = {"shape": "16384x64", "k": 6, "dtype": "fp16", "megabytes": 2.0, "sum_ms": 0.009, "auto_kernel": "rows",
+            "explain": "", "timings": timings, "faster_than_auto": []}
+    path.write_text(json.dumps({"gpu": "H100", "torch": "2.11.0", "kernels": ["rows", "warp"], "rows": [case]}))
+    return str(path)
+
+
+def timing(kernel: str, xsum: float | None) -> dict:
+    return {"kernel": kernel, "ms": None if xsum is None else 0.009 / xsum, "xsum": xsum, "error": None,
+            "bound": None, "note": None if xsum is not None else "n/a"}
+
+
+def test_compare_reads_tune_runs_one_line_per_timed_kernel(tmp_path):
+    compare_bench = load_tool("compare_bench")
+    base = tune_run(tmp_path / "base.json", [timing("auto", 0.90), timing("rows", 0.90), timing("warp", 0.50)])
+    new = tune_run(tmp_path / "new.json", [timing("auto", 1.00), timing("rows", 1.00), timing("warp", None)])
+    lines = compare_bench.compare([base], [new])
+    assert [line.split()[0] for line in lines] == ["fused_topk:auto", "fused_topk:rows"], lines  # warp: not timed
+    fields = lines[0].split()
+    assert fields[1:3] == ["fp16", "16384x64k6"] and fields[4] == "0.90" and fields[6] == "1.00"
+    assert fields[7] == "+0.10" and fields[8] == "rows"  # auto names the dispatcher's choice
+
+
 def test_readme_table_refuses_files_of_different_gpus(tmp_path):
     make_readme_table = load_tool("make_readme_table")
     first = write_run(tmp_path / "a.json", "NVIDIA H100 80GB HBM3", [row("softmax", "fp16", "8x8", 1.0)])

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A/B of the working tree against a base revision with a tune script, in one GPU call.
+#
+#   bash benchmarks/ab_tune.sh BASE_REV OUT_DIR [tune script arguments...]
+#   bash benchmarks/ab_tune.sh HEAD $OUT/ab --cases 1024x50000k50,64x151936k50 --kernels block,split_row
+#
+# The base tree (git archive of BASE_REV) and the working tree are built at once, each with its own
+# SOFTMAX_OPS_CACHE. Then the working tree's tune script (TUNE, default tune_topk.py; tune_softmax.py works the
+# same way), so that both sides are measured by the same code, runs on base and new in turns, RUNS times each
+# (default 2): OUT_DIR/{base,new}<i>.{json,txt}. compare_bench.py's per-case comparison of all runs ends up in
+# OUT_DIR/compare.txt and on stdout. Small shapes move by ~10% between runs of the same code: read the runs,
+# not only the mean change.
+set -uo pipefail
+if [ $# -lt 2 ]; then
+  echo "usage: bash benchmarks/ab_tune.sh BASE_REV OUT_DIR [tune script arguments...]" >&2
+  exit 2
+fi
+base_rev=$1
+out=$2
+shift 2
+repo=$(cd "$(dirname "$0")/.." && pwd)
+tune=$repo/benchmarks/${TUNE:-tune_topk.py}
+runs=${RUNS:-2}
+work=$(mktemp -d)
+mkdir -p "$work/base" "$out"
+git -C "$repo" archive "$base_rev" softmax_ops csrc meta pyproject.toml | tar x -C "$work/base" || exit 1
+
+# side NAME TREE COMMAND...: COMMAND in TREE with that tree's package and build cache.
+side() {
+  local name=$1 tree=$2
+  shift 2
+  (cd "$tree" && SOFTMAX_OPS_CACHE="$work/cache-$name" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$@")
+}
+
+echo "ab_tune: building $base_rev and the working tree"
+side base "$work/base" python3 -c "import softmax_ops" > "$out/build-base.log" 2>&1 &
+side new "$repo" python3 -c "import softmax_ops" > "$out/build-new.log" 2>&1 &
+wait
+for i in $(seq 1 "$runs"); do
+  for name in base new; do
+    tree=$work/base
+    [ "$name" = new ] && tree=$repo
+    echo "ab_tune: run $i of $runs, $name"
+    side "$name" "$tree" python3 "$tune" "$@" --json "$out/$name$i.json" > "$out/$name$i.txt" 2>&1 \
+      || echo "ab_tune: $name run $i failed (see $out/$name$i.txt)"
+  done
+done
+# The JSON files a side wrote, comma-separated (a failed run writes none).
+list() {
+  local name=$1 files="" i
+  for i in $(seq 1 "$runs"); do
+    [ -f "$out/$name$i.json" ] && files+="${files:+,}$out/$name$i.json"
+  done
+  echo "$files"
+}
+if [ -z "$(list base)" ] || [ -z "$(list new)" ]; then
+  echo "ab_tune: no comparison (a side has no successful run)" | tee "$out/compare.txt"
+  exit 1
+fi
+python3 "$repo/benchmarks/compare_bench.py" --base "$(list base)" --new "$(list new)" | tee "$out/compare.txt"
