@@ -19,14 +19,6 @@
 
 namespace softmax_ops::detail {
 
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Exponentials relative to a row maximum m: exp_from(x, m) = exp(x - m), log_sum(sum) = log(sum).
 // float: exp(d) = 2^(d * log2 e) with d = x - m (rounded once, as torch's expf(x - max)): FADD + FMUL +
 // MUFU.EX2. The product's rounding is relative to |d * log2 e|, so it stays below 1e-7 relative for the

@@ -15,13 +15,8 @@ namespace softmax_ops::topk {
 
 // ---- exp and the online (max, sum) -------------------------------------------------------------------
 
-constexpr float kLog2e = 1.4426950408889634f;
-
-__device__ __forceinline__ float ex2_approx(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using detail::ex2_approx;  // shared with the softmax family (device_utils.cuh)
+using detail::kLog2e;
 
 // exp(x - m) for the sums: the subtraction first (its rounding error scales with |x - m|, as in torch's
 // exp(x - max)), then one MUFU.EX2 (~2 ulp). Results below 2^-126 flush to 0.

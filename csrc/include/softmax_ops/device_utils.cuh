@@ -37,6 +37,16 @@ namespace detail {
 
 constexpr int kWarpSize = 32;
 
+// exp(y) of the per-element terms in both families is ex2_approx(y * kLog2e): one MUFU.EX2 (~2 ulp;
+// results below 2^-126 flush to 0).
+constexpr float kLog2e = 1.4426950408889634f;
+
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // float for half/bfloat16/float, double for double: the type the math is done in (DESIGN.md §3).
 template <typename T> struct ComputeTypeOf { using type = float; };
 template <> struct ComputeTypeOf<double> { using type = double; };
