@@ -467,6 +467,46 @@ def test_rows_float32_near_ties(n, k, renormalize):
         check_topk(misaligned(x), k, -1, renormalize)  # the scalar-load instance
 
 
+# Many rows keep the rows kernel at few threads per row (it adds threads only while the GPU has room), so each
+# thread holds 16-32 values and selects among those at or above the row's threshold (the filtered selection):
+# k <= T (threshold from each thread's max) and T < k <= 2T (from each thread's second largest). (n, k) pairs:
+# 16- and 32-bit layouts, a scalar-load length (100), and k around the threads per row.
+FILTERED_ROWS = 16384
+FILTERED_CASES = [(64, 2), (64, 6), (64, 8), (100, 8), (128, 8), (160, 6), (256, 1), (256, 8), (512, 3), (512, 8)]
+
+
+def filtered_selection_rows(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """FILTERED_ROWS random rows (N(0, 9)) with hard cases in front: every value equal (all are candidates),
+    ascending values (the top k in one thread's registers), repeated maxima, a tie at the top of a thread,
+    and -0 / +0; then every SPECIAL_ROWS kind."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(FILTERED_ROWS, n, generator=generator, dtype=torch.float64) * 3
+    x[0] = 1.0
+    x[1] = torch.arange(n, dtype=torch.float64) / n
+    x[2, ::3] = 5.0
+    x[3, : min(n, 24)] = 4.0
+    x[4] = 0.0
+    x[4, ::2] = -0.0
+    for i, kind in enumerate(SPECIAL_ROWS):
+        x[5 + i] = special_row(kind, n, generator)
+    return x.to(dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", FILTERED_CASES)
+def test_rows_filtered_selection_on_many_rows(n, k, dtype):
+    """The rows kernel on many rows (16-32 values per thread): the same indices as the float64 reference (ties
+    to the lower index, NaN first), NaN exactly where it has NaN, values within 2x torch's error on the finite
+    rows; aligned and misaligned (scalar loads), renormalized or not."""
+    x = filtered_selection_rows(n, dtype, seed=n * 10 + k).cuda()
+    special = 5 + len(SPECIAL_ROWS)
+    for data, renormalize in ((x, False), (misaligned(x), True)):
+        values, _ = check_reference_order(data, k, "rows", renormalize)
+        with softmax_ops.force_kernel("topk", "rows"):
+            check_topk(data[special:], k, -1, renormalize)
+
+
 @requires_cuda
 def test_rows_beyond_32_bit_element_offsets():
     """> 2^31 elements in total: 64-bit row offsets in the warp and block kernels."""
