@@ -1,7 +1,6 @@
 """compute-sanitizer target for the fused_topk rows kernel, forced on small awkward shapes: vector and
 misaligned (scalar) loads, every K instance, renormalize on/off, partial CTAs, and rows of equal values (float32's
-exact-word fallback); and on many rows (few threads per row: the filtered selection's shared-memory candidates,
-with rows of equal values, where every value is one).
+exact-word fallback); and on many rows (few threads per row, 16-32 values per thread).
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_topk_rows.py
 """

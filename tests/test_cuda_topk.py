@@ -468,19 +468,18 @@ def test_rows_float32_near_ties(n, k, renormalize):
 
 
 # Many rows keep the rows kernel at few threads per row (it adds threads only while the GPU has room), so each
-# thread holds 16-32 values and selects among those at or above the row's threshold (the filtered selection):
-# k <= T (threshold from each thread's max) and T < k <= 2T (from each thread's second largest). (n, k) pairs:
-# 16- and 32-bit layouts, a scalar-load length (100), and k around the threads per row.
-FILTERED_ROWS = 16384
-FILTERED_CASES = [(64, 2), (64, 6), (64, 8), (100, 8), (128, 8), (160, 6), (256, 1), (256, 8), (512, 3), (512, 8)]
+# thread holds 16-32 values: its largest in-thread networks and merges. (n, k) pairs: 16- and 32-bit layouts, a
+# scalar-load length (100), and k below, at and above the threads per row.
+MANY_ROWS = 16384
+MANY_ROWS_CASES = [(64, 2), (64, 6), (64, 8), (100, 8), (128, 8), (160, 6), (256, 1), (256, 8), (512, 3), (512, 8)]
 
 
-def filtered_selection_rows(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """FILTERED_ROWS random rows (N(0, 9)) with hard cases in front: every value equal (all are candidates),
-    ascending values (the top k in one thread's registers), repeated maxima, a tie at the top of a thread,
-    and -0 / +0; then every SPECIAL_ROWS kind."""
+def many_rows_with_hard_cases(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """MANY_ROWS random rows (N(0, 9)) with hard cases in front: every value equal, ascending values (the top
+    k in one thread's registers), repeated maxima, a tie at the top of a thread, and -0 / +0; then every
+    SPECIAL_ROWS kind."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(FILTERED_ROWS, n, generator=generator, dtype=torch.float64) * 3
+    x = torch.randn(MANY_ROWS, n, generator=generator, dtype=torch.float64) * 3
     x[0] = 1.0
     x[1] = torch.arange(n, dtype=torch.float64) / n
     x[2, ::3] = 5.0
@@ -494,12 +493,12 @@ def filtered_selection_rows(n: int, dtype: torch.dtype, seed: int) -> torch.Tens
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,k", FILTERED_CASES)
-def test_rows_filtered_selection_on_many_rows(n, k, dtype):
+@pytest.mark.parametrize("n,k", MANY_ROWS_CASES)
+def test_rows_kernel_on_many_rows(n, k, dtype):
     """The rows kernel on many rows (16-32 values per thread): the same indices as the float64 reference (ties
     to the lower index, NaN first), NaN exactly where it has NaN, values within 2x torch's error on the finite
     rows; aligned and misaligned (scalar loads), renormalized or not."""
-    x = filtered_selection_rows(n, dtype, seed=n * 10 + k).cuda()
+    x = many_rows_with_hard_cases(n, dtype, seed=n * 10 + k).cuda()
     special = 5 + len(SPECIAL_ROWS)
     for data, renormalize in ((x, False), (misaligned(x), True)):
         values, _ = check_reference_order(data, k, "rows", renormalize)

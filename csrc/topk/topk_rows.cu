@@ -271,42 +271,6 @@ struct RowSlots {
     }
   }
 
-  // The thread's largest and second-largest values (NaN ignored as by fmaxf; -inf where there is none).
-  // 16-bit values two at a time, as in max_value.
-  __device__ __forceinline__ void top_two(float& first, float& second) const {
-    if constexpr (kIs16<TIn>) {
-      using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
-      const auto pair = [](uint32_t bits) {
-        Pair v;
-        __builtin_memcpy(&v, &bits, sizeof(v));
-        return v;
-      };
-      Pair best = pair(raw[0]);
-      Pair next = pair(neg_inf_raw16<TIn>().x);
-#pragma unroll
-      for (int r = 1; r < kRegs; ++r) {
-        if (group_used(2 * r / kGroup)) {
-          next = __hmax2(next, __hmin2(best, pair(raw[r])));
-          best = __hmax2(best, pair(raw[r]));
-        }
-      }
-      const float lo = __low2float(best);
-      const float hi = __high2float(best);
-      first = fmaxf(lo, hi);
-      second = fmaxf(fminf(lo, hi), fmaxf(__low2float(next), __high2float(next)));
-    } else {
-      first = -INFINITY;
-      second = -INFINITY;
-#pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
-        if (group_used(s / kGroup)) {
-          second = fmaxf(second, fminf(first, value(s)));
-          first = fmaxf(first, value(s));
-        }
-      }
-    }
-  }
-
   __device__ __forceinline__ float value(int s) const {
     if constexpr (std::is_same_v<TIn, __half>) {
       return __half2float(__ushort_as_half(static_cast<unsigned short>(raw[s / 2] >> (16 * (s % 2)))));
@@ -354,130 +318,6 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, flo
     total += group_sum;
   }
   if (sum != nullptr) *sum = total;
-  for (int offset = 1; offset < at.T; offset *= 2) {
-    W other[K];
-#pragma unroll
-    for (int i = 0; i < K; ++i) other[i] = __shfl_xor_sync(kFullMask, list[i], offset);
-    keep_best(list, other);
-  }
-}
-
-// Filtered selection (rows of >= 16 values per thread, k <= 2T): theta, the smallest over the row's T threads of
-// each thread's need-th largest value (need = 1 when k <= T, else 2), has at least need * T >= k values of the
-// row at or above it, so the row's top k (ties included) are among the values >= theta. Only registers holding
-// such a value (a 16-bit pair: either half) go through the networks: each thread appends them to its column of
-// shared memory (no barrier: a thread reads back only its own) and marks them in a bit mask, in one pass with
-// the sum, then sorts their values K at a time while any lane of the warp has some left. On N(0, 9) router
-// rows a thread keeps ~2-4 of its 16-32 values, so most warps sort one chunk instead of 2-4 groups; rows of
-// equal values keep every register (as slow as select_row, never wrong).
-// Shared-memory stores and loads by 32-bit shared address: through a generic pointer nvcc re-derived the
-// shared window's base (S2R SR_CgaCtaId, MOV, LEA) before every predicated store (sm_90, nvcc 13.0).
-__device__ __forceinline__ void store_shared(uint32_t address, uint32_t value) {
-  asm volatile("st.shared.u32 [%0], %1;" ::"r"(address), "r"(value) : "memory");
-}
-__device__ __forceinline__ uint32_t load_shared(uint32_t address) {
-  uint32_t value;
-  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(value) : "r"(address) : "memory");
-  return value;
-}
-
-// A thread's candidate registers: entry i at first + i * kCandidateStride (a column of [kRegs][kRowsThreads]).
-constexpr uint32_t kCandidateStride = kRowsThreads * sizeof(uint32_t);
-struct Candidates {
-  uint32_t first;  // shared address of entry 0
-  uint32_t mask;   // bit r: register r of the thread's slots is a candidate (kRegs <= 32)
-  int count;       // candidate registers
-};
-
-// The thread's sum of exp(x - shift) (not shuffled; groups of 8 terms summed on their own) and its candidates.
-template <typename TIn, bool kVector>
-__device__ __forceinline__ float sum_and_candidates(const RowSlots<TIn, kVector>& at, float shift, float theta,
-                                                    Candidates& cand) {
-  using Slots = RowSlots<TIn, kVector>;
-  constexpr int kPerReg = kSlots / Slots::kRegs;  // values per register
-  float total = 0.0f;
-#pragma unroll
-  for (int g = 0; g < kSlots / kGroup; ++g) {
-    if (!at.group_used(g)) break;  // launch-uniform
-    float group_sum = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kGroup; ++i) group_sum += exp_shifted(at.value(g * kGroup + i), shift);
-    total += group_sum;
-  }
-  cand.mask = 0;
-  uint32_t next = cand.first;
-#pragma unroll
-  for (int r = 0; r < Slots::kRegs; ++r) {
-    if (!at.group_used(r * kPerReg / kGroup)) break;  // launch-uniform
-    bool keep;
-    if constexpr (kIs16<TIn>) {
-      using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
-      Pair pair;
-      Pair floor;
-      __builtin_memcpy(&pair, &at.raw[r], sizeof(pair));
-      const float2 theta2 = make_float2(theta, theta);
-      if constexpr (std::is_same_v<TIn, __half>) {
-        floor = __float22half2_rn(theta2);  // theta is a value of the row: exact
-      } else {
-        floor = __float22bfloat162_rn(theta2);
-      }
-      keep = !__hbltu2(pair, floor);  // either half >= theta (NaN: kept; such rows are redone anyway)
-    } else {
-      keep = at.value(r) >= theta;
-    }
-    if (keep) {
-      store_shared(next, at.raw[r]);
-      next += kCandidateStride;
-      cand.mask |= 1u << r;
-    }
-  }
-  cand.count = __popc(cand.mask);
-  return total;
-}
-
-template <int K, typename Wd, typename TIn, bool kVector>
-__device__ __forceinline__ void select_candidates(const RowSlots<TIn, kVector>& at,
-                                                  const Candidates& cand, typename Wd::W (&list)[K]) {
-  using W = typename Wd::W;
-  using Slots = RowSlots<TIn, kVector>;
-  constexpr int kPerReg = kSlots / Slots::kRegs;
-  // Chunks of kUnits registers, K words each (a 16-bit k = 1 sorts pairs: 2 words, the best kept).
-  constexpr int kUnits = K >= kPerReg ? K / kPerReg : 1;
-  constexpr int kWords = kUnits * kPerReg;
-#pragma unroll
-  for (int i = 0; i < K; ++i) list[i] = W(0);  // below every word (a real word has a nonzero column part)
-  uint32_t left = cand.mask;
-  for (int c = 0; __any_sync(kFullMask, c < cand.count); c += kUnits) {  // warp-uniform
-    W chunk[kWords];
-#pragma unroll
-    for (int u = 0; u < kUnits; ++u) {
-#pragma unroll
-      for (int h = 0; h < kPerReg; ++h) chunk[u * kPerReg + h] = W(0);
-      if (c + u < cand.count) {
-        const uint32_t bits = load_shared(cand.first + (c + u) * kCandidateStride);
-        const int r = __ffs(left) - 1;  // the register it came from
-        left &= left - 1;
-#pragma unroll
-        for (int h = 0; h < kPerReg; ++h) {
-          float f;
-          if constexpr (std::is_same_v<TIn, __half>) {
-            f = __half2float(__ushort_as_half(static_cast<unsigned short>(bits >> (16 * h))));
-          } else if constexpr (std::is_same_v<TIn, __nv_bfloat16>) {
-            f = __uint_as_float(h ? (bits & 0xffff0000u) : (bits << 16));
-          } else {
-            f = __uint_as_float(bits);
-          }
-          chunk[u * kPerReg + h] = Wd::template make<false>(f, at.column(r * kPerReg + h));
-        }
-      }
-    }
-    sort_desc(chunk);
-    if constexpr (kWords == K) {
-      keep_best(list, chunk);
-    } else {  // K = 1, a pair
-      list[0] = max(list[0], chunk[0]);
-    }
-  }
   for (int offset = 1; offset < at.T; offset *= 2) {
     W other[K];
 #pragma unroll
@@ -547,17 +387,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
   RowSlots<TIn, kVector> at(n, t, T);
   at.load(xr, n, active);
 
-  // The filtered selection where a thread holds >= 16 values and k <= 2T (launch-uniform).
-  const bool filtered = at.used >= 2 * kGroup && k <= 2 * T;
-  __shared__ uint32_t candidate_columns[RowSlots<TIn, kVector>::kRegs][kRowsThreads];
-  float m;  // NaN dropped, as by fmaxf
-  float theta;
-  if (filtered && k > T) {
-    at.top_two(m, theta);
-  } else {
-    m = at.max_value();
-    theta = m;
-  }
+  float m = at.max_value();  // NaN dropped, as by fmaxf
   for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
   const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
 
@@ -570,18 +400,9 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
     col[j] = 0;
   }
   float sum;
-  Candidates cand{static_cast<uint32_t>(__cvta_generic_to_shared(&candidate_columns[0][threadIdx.x])), 0, 0};
-  if (filtered) {
-    for (int offset = 1; offset < T; offset *= 2) theta = fminf(theta, __shfl_xor_sync(kFullMask, theta, offset));
-    sum = sum_and_candidates(at, shift, theta, cand);
-  }
   if constexpr (kIs16<TIn>) {
     typename Words<TIn>::W list[K];
-    if (filtered) {
-      select_candidates<K, Words<TIn>>(at, cand, list);
-    } else {
-      select_row<K, false, Words<TIn>>(at, shift, &sum, list);
-    }
+    select_row<K, false, Words<TIn>>(at, shift, &sum, list);
     for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
     // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
     if (__any_sync(kFullMask, sum != sum)) {
@@ -591,11 +412,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
     take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
   } else {
     uint32_t fast[K];
-    if (filtered) {
-      select_candidates<K, TruncFloatWords>(at, cand, fast);
-    } else {
-      select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
-    }
+    select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
     for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
     const bool exact = trunc_selection_exact(at, fast, k);
     // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
