@@ -4,6 +4,7 @@ exact-word fallback); and on many rows (few threads per row, 16-32 values per th
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_topk_rows.py
 """
+
 import torch
 
 import softmax_ops
@@ -11,7 +12,18 @@ import softmax_ops
 runs = 0
 with softmax_ops.force_kernel("topk", "rows"):
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for rows, n in [(1, 1), (37, 7), (37, 64), (5, 100), (33, 160), (3, 257), (37, 512), (16381, 64), (8191, 256)]:
+        shapes = [
+            (1, 1),
+            (37, 7),
+            (37, 64),
+            (5, 100),
+            (33, 160),
+            (3, 257),
+            (37, 512),
+            (16381, 64),
+            (8191, 256),
+        ]
+        for rows, n in shapes:
             for k in sorted({1, min(2, n), min(5, n), min(8, n)}):
                 for offset in (0, 1):  # 1: the data one element past a 16-byte boundary (scalar loads)
                     flat = torch.empty(rows * n + offset, device="cuda", dtype=dtype)[offset:]
