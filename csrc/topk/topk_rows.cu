@@ -18,7 +18,8 @@
 //   float16/bfloat16 words: 32 bits, order key of the float value (whose low 13 bits are zero) | 0x1fff - col
 //   float32 words, first:   32 bits, the order key's top 23 bits | 0x1ff - col (TruncFloatWords); exact only
 //                           where no two values near the k-th rank share those bits (trunc_selection_exact)
-//   float32 words, exact:   64 bits, order key << 32 | ~col
+//   float32 words, exact:   64 bits, order key << 32 | ~col; the only words where a thread holds <= 8 values
+//                           (kExactFloat instances: no exactness check, no reload of the exact values)
 // Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
 // NaN or +inf has a NaN sum; a warp holding such a row (or, for float32, a row whose truncated words were not
 // exact) redoes the selection with exact NaN-aware words, from a reload of the rows (rare).
@@ -42,6 +43,8 @@ constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? 8 : 4;
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
+template <typename TIn>
+constexpr bool kIs32 = std::is_same_v<TIn, float>;  // the exact-word instances exist for float32 only
 template <typename TIn>
 using RowWord = std::conditional_t<kIs16<TIn>, uint32_t, unsigned long long>;
 
@@ -189,24 +192,29 @@ struct TruncFloatWords {
   }
 };
 
+// Slots any thread of a launch holds (vector layout: whole vectors of V values), rounded up to kGroup: the
+// kernel's loop bound, and the launcher's choice of the float32 instance.
+__host__ __device__ constexpr int rows_used_slots(int n, int T, int V, bool vector) {
+  const int per_thread = vector ? (n / V + T - 1) / T * V : (n + T - 1) / T;
+  return (per_thread + kGroup - 1) / kGroup * kGroup;
+}
+
 // The thread's slots of its row (see the diagram above) and their raw bits: 16-bit values two per register.
 // kVector: the 16-byte layout (else scalar loads). A template parameter, not a run-time flag: each key
 // carries its column, and a run-time layout cost a select per value (and the scalar path's registers in the
 // vector kernel). The scalar float32 instances spill 16-76 bytes (ptxas, nvcc 13.0): rows whose length is
 // not a multiple of 4 values or whose data is not 16-byte aligned.
-template <typename TIn, bool kVector>
+template <typename TIn, bool kVector, int kCapacity = kSlots>
 struct RowSlots {
+  static_assert(kCapacity % kGroup == 0 && kCapacity <= kSlots, "whole groups, at most kSlots");
   static constexpr int V = 16 / sizeof(TIn);
-  static constexpr int kRegs = kSlots * sizeof(TIn) / 4;
+  static constexpr int kRegs = kCapacity * sizeof(TIn) / 4;
   int t;       // thread in the row
   int T;       // threads per row
   int used;    // slots any thread of the launch holds, rounded up to kGroup (launch-uniform)
   uint32_t raw[kRegs];
 
-  __device__ __forceinline__ RowSlots(int n, int t_, int T_) : t(t_), T(T_) {
-    const int per_thread = kVector ? (n / V + T - 1) / T * V : (n + T - 1) / T;
-    used = (per_thread + kGroup - 1) / kGroup * kGroup;
-  }
+  __device__ __forceinline__ RowSlots(int n, int t_, int T_) : t(t_), T(T_), used(rows_used_slots(n, T_, V, kVector)) {}
   __device__ __forceinline__ bool group_used(int g) const { return g * kGroup < used; }
   // The layout is a template parameter: a run-time choice cost a select per value in the key's column.
   __device__ __forceinline__ int column(int s) const { return kVector ? ((s / V) * T + t) * V + s % V : s * T + t; }
@@ -216,7 +224,7 @@ struct RowSlots {
     if constexpr (kVector) {
       const int packs = active ? n / V : 0;
 #pragma unroll
-      for (int p = 0; p < kSlots / V; ++p) {
+      for (int p = 0; p < kCapacity / V; ++p) {
         if (!group_used(p * V / kGroup)) continue;
         const bool valid = p * T + t < packs;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -230,7 +238,7 @@ struct RowSlots {
     } else {
       const int limit = active ? n : 0;
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
+      for (int s = 0; s < kCapacity; ++s) {
         if (!group_used(s / kGroup)) continue;
         const int col = s * T + t;
         if constexpr (kIs16<TIn>) {
@@ -264,7 +272,7 @@ struct RowSlots {
     } else {
       float m = -INFINITY;
 #pragma unroll
-      for (int s = 0; s < kSlots; ++s) {
+      for (int s = 0; s < kCapacity; ++s) {
         if (group_used(s / kGroup)) m = fmaxf(m, value(s));
       }
       return m;
@@ -284,8 +292,8 @@ struct RowSlots {
 
 // The row's top-K words, sorted, in every thread of the row. kSums: also the thread's sum of exp(x - shift)
 // (groups of 8 terms summed on their own first).
-template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector>
-__device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, float shift, float* sum,
+template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector, int kCapacity>
+__device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacity>& at, float shift, float* sum,
                                            typename Wd::W (&list)[K]) {
   using W = typename Wd::W;
   // Also keeps list defined for the compiler, which cannot see that group 0 is always used (without it the
@@ -294,7 +302,7 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, flo
   for (int i = 0; i < K; ++i) list[i] = W(0);
   float total = 0.0f;
 #pragma unroll
-  for (int g = 0; g < kSlots / kGroup; ++g) {
+  for (int g = 0; g < kCapacity / kGroup; ++g) {
     if (!at.group_used(g)) break;  // launch-uniform
     float group_sum = 0.0f;
 #pragma unroll
@@ -330,9 +338,9 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector>& at, flo
 // keys and no other value of the row shares the k-th's: then exactly k values are at or above the lowest
 // value with the k-th's truncated key (every value with a larger truncated key was chosen). One compare per
 // value, summed over the row's T threads; every thread of the warp calls it.
-template <int K, bool kVector>
-__device__ __forceinline__ bool trunc_selection_exact(const RowSlots<float, kVector>& at, const uint32_t (&list)[K],
-                                                      int k) {
+template <int K, bool kVector, int kCapacity>
+__device__ __forceinline__ bool trunc_selection_exact(const RowSlots<float, kVector, kCapacity>& at,
+                                                      const uint32_t (&list)[K], int k) {
   using Wd = TruncFloatWords;
   bool distinct = true;
 #pragma unroll
@@ -342,7 +350,7 @@ __device__ __forceinline__ bool trunc_selection_exact(const RowSlots<float, kVec
   const float floor = Wd::lowest_value(pick(list, k - 1));
   int at_or_above = 0;
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
+  for (int s = 0; s < kCapacity; ++s) {
     if (at.group_used(s / kGroup)) at_or_above += at.value(s) >= floor ? 1 : 0;
   }
   for (int offset = 1; offset < at.T; offset *= 2) at_or_above += __shfl_xor_sync(kFullMask, at_or_above, offset);
@@ -373,7 +381,9 @@ __device__ __forceinline__ float word_value(typename Wd::W w, int) {
   return Wd::value(w);
 }
 
-template <typename TIn, typename TOut, int K, bool kVector>
+// kExactFloat (float32 inputs whose threads hold at most kGroup values each): the exact 64-bit words at once.
+// A separate instance: in the same kernel their registers raised every float32 instance to 96 (ptxas).
+template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat>
 __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
@@ -384,7 +394,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
   const bool active = row < rows;
   const TIn* xr = x + (active ? row : 0) * static_cast<int64_t>(n);
 
-  RowSlots<TIn, kVector> at(n, t, T);
+  RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
   at.load(xr, n, active);
 
   float m = at.max_value();  // NaN dropped, as by fmaxf
@@ -410,6 +420,17 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
       select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
     }
     take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
+  } else if constexpr (kExactFloat) {
+    // At most 8 values per thread: the exact words' wider networks cost less than the truncated words'
+    // exactness check and the L2 round trip for the exact values.
+    typename Words<float>::W list[K];
+    select_row<K, false, Words<float>>(at, shift, &sum, list);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    if (__any_sync(kFullMask, sum != sum)) {  // NaN / +inf in the row: NaN-aware words, as for 16-bit inputs
+      at.load(xr, n, active);
+      select_row<K, true, Words<float>>(at, shift, nullptr, list);
+    }
+    take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
   } else {
     uint32_t fast[K];
     select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
@@ -475,8 +496,13 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
       const int K = static_cast<int>(next_pow2(problem.k));
       return dispatch_int<1, 2, 4, 8>(K, [&](auto k_tag) {
         constexpr int kK = decltype(k_tag)::value;
-        const auto kernel = plan.vector_loads ? topk_rows_kernel<TIn, TOut, kK, true>
-                                              : topk_rows_kernel<TIn, TOut, kK, false>;
+        constexpr int V = 16 / sizeof(TIn);
+        const bool exact = std::is_same_v<TIn, float> &&
+                           rows_used_slots(static_cast<int>(problem.n), T, V, plan.vector_loads) <= kGroup;
+        const auto kernel = plan.vector_loads ? (exact ? topk_rows_kernel<TIn, TOut, kK, true, kIs32<TIn>>
+                                                       : topk_rows_kernel<TIn, TOut, kK, true, false>)
+                                              : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kIs32<TIn>>
+                                                       : topk_rows_kernel<TIn, TOut, kK, false, false>);
         const int64_t rows_per_block = kRowsThreads / T;
         const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
         kernel<<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
