@@ -15,7 +15,7 @@
 // odd-even merge network and merged into the thread's sorted top-K list (K = k rounded up to a power of two):
 // c[i] = max(list[i], group[K-1-i]) is bitonic and holds the K best of both; a half-cleaner sorts it. The T
 // lists are merged the same way across the row's threads (every thread ends with the row's list).
-//   float16/bfloat16 words: 32 bits, order key of the float value (whose low 13 bits are zero) | 0x1fff - col
+//   float16/bfloat16 words: 32 bits, 16-bit order key << 16 | 0xffff - col (see Words)
 //   float32 words, first:   32 bits, the order key's top 23 bits | 0x1ff - col (TruncFloatWords); exact only
 //                           where no two values near the k-th rank share those bits (trunc_selection_exact)
 //   float32 words, exact:   64 bits, order key << 32 | ~col; the only words where a thread holds <= 8 values
@@ -138,21 +138,58 @@ __device__ __forceinline__ uint32_t float_key(float f) {
   return key;
 }
 
-// 16-bit inputs: the value as a float has its low 13 bits zero (10 or 7 mantissa bits), so the key's top 19
-// bits order it exactly and the low 13 bits carry the column (N <= 512).
+// 16-bit inputs: the 16-bit order key in the high half, 0xffff - column in the low half (N <= 512). The key of
+// canonical bits (-0 made +0): the sign flipped for a positive value, every bit for a negative one; NaN-aware
+// words give every NaN the top key. The fast path makes the keys of a register's two values at once from its
+// raw bits (key_pair: a packed add, a byte permute, a logic op; then one byte permute per word), ~1.5 ALU
+// instructions per value fewer than from the float (sm_90 SASS).
 template <typename TIn>
 struct Words {
   static_assert(kIs16<TIn>, "16-bit inputs here; float32 below");
   using W = uint32_t;
+  static __device__ __forceinline__ uint32_t key16(uint32_t bits) {
+    return (bits & 0x8000u) ? (~bits & 0xffffu) : (bits | 0x8000u);
+  }
   template <bool kNanAware>
   static __device__ __forceinline__ W make(float f, int column) {
-    return (float_key<kNanAware>(f) & 0xffffe000u) | (0x1fffu - static_cast<uint32_t>(column));
+    uint32_t bits;  // f is a TIn value: the round trip is exact
+    if constexpr (std::is_same_v<TIn, __half>) {
+      bits = __half_as_ushort(__float2half_rn(f + 0.0f));
+    } else {
+      bits = __bfloat16_as_ushort(__float2bfloat16_rn(f + 0.0f));
+    }
+    const uint32_t key = kNanAware && f != f ? 0xffffu : key16(bits);
+    return (key << 16) | (0xffffu - static_cast<uint32_t>(column));
+  }
+  // The keys of both values of a raw register (low half: the even slot), NaN not canonicalised.
+  static __device__ __forceinline__ uint32_t key_pair(uint32_t raw) {
+    using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
+    Pair v;
+    __builtin_memcpy(&v, &raw, sizeof(v));
+    Pair zero;
+    const uint32_t zero_bits = 0;
+    __builtin_memcpy(&zero, &zero_bits, sizeof(zero));
+    v = __hadd2(v, zero);  // -0 + +0 = +0; everything else unchanged (subnormals included)
+    uint32_t canon;
+    __builtin_memcpy(&canon, &v, sizeof(canon));
+    uint32_t negative;  // 0xffff in each half whose sign bit is set (prmt's sign-replicating selector)
+    asm("prmt.b32 %0, %1, %2, 0xbb99;" : "=r"(negative) : "r"(canon), "r"(0u));
+    return canon ^ (negative | 0x80008000u);
+  }
+  // The word of the value in half `half` of a register whose key_pair is keys.
+  static __device__ __forceinline__ W word(uint32_t keys, int half, int column) {
+    return __byte_perm(0xffffu - static_cast<uint32_t>(column), keys, half ? 0x7610 : 0x5410);
   }
   static __device__ __forceinline__ float value(W w) {
-    const uint32_t key = w & 0xffffe000u;
-    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~(key | 0x1fffu));
+    const uint32_t key = w >> 16;
+    const uint32_t bits = (key & 0x8000u) ? (key ^ 0x8000u) : (key ^ 0xffffu);
+    if constexpr (std::is_same_v<TIn, __half>) {
+      return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+    } else {
+      return __uint_as_float(bits << 16);
+    }
   }
-  static __device__ __forceinline__ int column(W w) { return static_cast<int>(0x1fffu - (w & 0x1fffu)); }
+  static __device__ __forceinline__ int column(W w) { return static_cast<int>(0xffffu - (w & 0xffffu)); }
 };
 
 template <>
@@ -296,6 +333,8 @@ template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector, int kC
 __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacity>& at, float shift, float* sum,
                                            typename Wd::W (&list)[K]) {
   using W = typename Wd::W;
+  // 16-bit fast words from the raw registers, two keys at a time.
+  constexpr bool kPairKeys = kIs16<TIn> && !kNanAware && std::is_same_v<Wd, Words<TIn>>;
   // Also keeps list defined for the compiler, which cannot see that group 0 is always used (without it the
   // SASS changed, session 8).
 #pragma unroll
@@ -313,7 +352,11 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacit
         const int s = g * kGroup + c + i;
         const float f = at.value(s);
         if (sum != nullptr) group_sum += exp_shifted(f, shift);
-        chunk[i] = Wd::template make<kNanAware>(f, at.column(s));
+        if constexpr (kPairKeys) {
+          chunk[i] = Wd::word(Wd::key_pair(at.raw[s / 2]), s % 2, at.column(s));
+        } else {
+          chunk[i] = Wd::template make<kNanAware>(f, at.column(s));
+        }
       }
       sort_desc(chunk);
       if (g == 0 && c == 0) {  // the first chunk is the list: no merge with an empty one
