@@ -11,6 +11,10 @@ line of its own, named op:kernel ("auto" is the dispatcher's choice). Runs are l
 averaged away: small shapes move by about +-0.1 between runs of the same code, and a conclusion needs the runs
 of both sides to separate (benchmarks/notes-softmax-tuning.md). This is how the A/B numbers in the notes and
 commit messages are read off the committed *-ab*-*.json files. Standard library only.
+
+--time compares our times (microseconds) and their relative change instead: on few-microsecond cases a ratio
+also carries the yardstick's own run-to-run noise (x.sum of a 2 MB tensor moved by ~10% between the runs of
+session 11's A/Bs while our kernel's time did not).
 """
 
 from __future__ import annotations
@@ -29,16 +33,17 @@ def shape_text(shape) -> str:
     return shape if isinstance(shape, str) else "x".join(str(n) for n in shape)
 
 
-def measured(payload: dict) -> Iterable[tuple[Case, float, str]]:
-    """(case, ratio, kernel) of every softmax_ops measurement in one JSON file: a bench run (rows of impls) or
-    a tune script's run (rows of cases, each with the timings of "auto" and the forced kernels)."""
+def measured(payload: dict, time: bool = False) -> Iterable[tuple[Case, float, str]]:
+    """(case, value, kernel) of every softmax_ops measurement in one JSON file: a bench run (rows of impls) or
+    a tune script's run (rows of cases, each with the timings of "auto" and the forced kernels). value: the
+    ratio (xCopy / xSum), or with time the time in microseconds."""
     is_tune = "kernels" in payload
     for row in payload["rows"]:
         if not is_tune:
-            ratio = row.get("xcopy", row.get("xsum"))
-            if row.get("impl") == OURS and ratio is not None:
-                yield (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", ""))), ratio, \
-                    row.get("kernel") or ""
+            value = row.get("ms") if time else row.get("xcopy", row.get("xsum"))
+            if row.get("impl") == OURS and value is not None:
+                yield (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", ""))), \
+                    value * 1e3 if time else value, row.get("kernel") or ""
             continue
         op = row.get("op", "fused_topk")  # tune_topk.py rows carry no op
         for timing in row["timings"]:
@@ -47,26 +52,27 @@ def measured(payload: dict) -> Iterable[tuple[Case, float, str]]:
                 continue
             kernel = row["auto_kernel"] if timing["kernel"] == "auto" else timing["kernel"]
             case = (f"{op}:{timing['kernel']}", row["dtype"], shape_text(row["shape"]), str(row.get("k", "")))
-            yield case, ratio, kernel
+            yield case, timing["ms"] * 1e3 if time else ratio, kernel
 
 
-def load_runs(paths: Iterable[str]) -> tuple[dict[Case, list[float]], dict[Case, str]]:
-    """softmax_ops' ratio per case, one entry per file that measured it, and the last kernel named."""
-    ratios: dict[Case, list[float]] = {}
+def load_runs(paths: Iterable[str], time: bool = False) -> tuple[dict[Case, list[float]], dict[Case, str]]:
+    """softmax_ops' ratio (or time) per case, one entry per file that measured it, and the last kernel named."""
+    values: dict[Case, list[float]] = {}
     kernels: dict[Case, str] = {}
     for path in paths:
         with open(path) as handle:
             payload = json.load(handle)
-        for case, ratio, kernel in measured(payload):
-            ratios.setdefault(case, []).append(float(ratio))
+        for case, value, kernel in measured(payload, time):
+            values.setdefault(case, []).append(float(value))
             kernels[case] = kernel
-    return ratios, kernels
+    return values, kernels
 
 
-def compare(base_paths: list[str], new_paths: list[str]) -> list[str]:
-    """One text line per case measured on both sides, in the order the base files list them."""
-    base, _ = load_runs(base_paths)
-    new, new_kernels = load_runs(new_paths)
+def compare(base_paths: list[str], new_paths: list[str], time: bool = False) -> list[str]:
+    """One text line per case measured on both sides, in the order the base files list them: the ratios and
+    the change of their mean, or with time the microseconds and the relative change of their mean."""
+    base, _ = load_runs(base_paths, time)
+    new, new_kernels = load_runs(new_paths, time)
     lines = []
     for case, base_runs in base.items():
         new_runs = new.get(case)
@@ -74,9 +80,12 @@ def compare(base_paths: list[str], new_paths: list[str]) -> list[str]:
             continue
         op, dtype, shape, k = case
         label = f"{shape}k{k}" if k else shape
-        change = sum(new_runs) / len(new_runs) - sum(base_runs) / len(base_runs)
-        lines.append(f"{op:22s} {dtype:5s} {label:16s} base {' '.join(f'{r:.2f}' for r in base_runs):16s} "
-                     f"new {' '.join(f'{r:.2f}' for r in new_runs):16s} {change:+.2f}  {new_kernels[case]}")
+        base_mean = sum(base_runs) / len(base_runs)
+        new_mean = sum(new_runs) / len(new_runs)
+        change = f"{(new_mean / base_mean - 1) * 100:+.1f}%" if time else f"{new_mean - base_mean:+.2f}"
+        digits = 1 if time else 2
+        lines.append(f"{op:22s} {dtype:5s} {label:16s} base {' '.join(f'{r:.{digits}f}' for r in base_runs):16s} "
+                     f"new {' '.join(f'{r:.{digits}f}' for r in new_runs):16s} {change:>6s}  {new_kernels[case]}")
     return lines
 
 
@@ -84,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="comma-separated bench JSON files of the base tree")
     parser.add_argument("--new", required=True, help="comma-separated bench JSON files of the new tree")
+    parser.add_argument("--time", action="store_true", help="compare times (us, relative change), not ratios")
     args = parser.parse_args(argv)
-    lines = compare(args.base.split(","), args.new.split(","))
+    lines = compare(args.base.split(","), args.new.split(","), args.time)
     if not lines:
         print("no case was measured by both sides", file=sys.stderr)
         return 1

@@ -85,6 +85,17 @@ def test_compare_reads_tune_runs_one_line_per_timed_kernel(tmp_path):
     assert fields[7] == "+0.10" and fields[8] == "rows"  # auto names the dispatcher's choice
 
 
+def test_compare_by_time_lists_microseconds_and_the_relative_change(tmp_path):
+    compare_bench = load_tool("compare_bench")
+    base = tune_run(tmp_path / "base.json", [timing("auto", 0.90)])  # 0.009 ms / 0.90 = 10.0 us
+    new = tune_run(tmp_path / "new.json", [timing("auto", 1.00)])  # 9.0 us
+    fields = compare_bench.compare([base], [new], time=True)[0].split()
+    assert fields[3:7] == ["base", "10.0", "new", "9.0"] and fields[7] == "-10.0%", fields
+    bench = [write_run(tmp_path / f"bench{i}.json", "H100", [row("softmax", "fp16", "8x8", 1.0)]) for i in (0, 1)]
+    fields = compare_bench.compare([bench[0]], [bench[1]], time=True)[0].split()
+    assert fields[4] == "10.0" and fields[6] == "10.0" and fields[7] == "+0.0%", fields  # row(): 0.01 ms
+
+
 def test_readme_table_refuses_files_of_different_gpus(tmp_path):
     make_readme_table = load_tool("make_readme_table")
     first = write_run(tmp_path / "a.json", "NVIDIA H100 80GB HBM3", [row("softmax", "fp16", "8x8", 1.0)])
