@@ -1,10 +1,11 @@
 """Sweeps the fused_topk rows kernel's threads per row (T = 1..16) and load layout, interleaved in one process.
 
-Needs a tree built with benchmarks/patches/topk-rows-threads-env.patch (environment overrides read at every
+Needs a tree built with benchmarks/patches/topk-rows-threads-env.patch (an environment override read at every
 call); the product has no such knob. For each (case, dtype): the dispatcher's own T ("auto"), then every T
-that holds the row (T x 32 >= N) with 16-byte loads where the rows allow them ("T<t>") and with scalar loads
-("S<t>"), each checked against a float64 reference (values) on the first round, timed in 3 interleaved rounds
-of do_bench (L2 flushed); the median is printed. ``!`` marks a wrong result. One GPU call::
+that holds the row (T x 32 >= N) ("T<t>", the pointer's load layout), each checked against a float64 reference
+(values) on the first round, timed in 3 interleaved rounds of do_bench (L2 flushed); the median is printed.
+``!`` marks a wrong result. (Session 10 also swept scalar loads, "S<t>", with an override the patch no longer
+has.) One GPU call::
 
     python3 benchmarks/sweep_topk_rows_threads.py 16384x8k2,4096x60k4 $OUT/sweep.json
 """
@@ -16,18 +17,16 @@ import os
 import statistics
 import sys
 
-OVERRIDES = ("S10_ROWS_T", "S10_SCALAR")
+OVERRIDES = ("S10_ROWS_T",)
 ROUNDS = 3
 
 
 def set_variant(variant: str) -> None:
-    """auto, T<t> (threads t, the pointer's layout) or S<t> (threads t, scalar loads)."""
+    """auto or T<t> (threads t, the pointer's layout)."""
     for name in OVERRIDES:
         os.environ.pop(name, None)
     if variant != "auto":
         os.environ["S10_ROWS_T"] = variant[1:]
-        if variant[0] == "S":
-            os.environ["S10_SCALAR"] = "1"
 
 
 def main() -> None:
@@ -48,7 +47,7 @@ def main() -> None:
             reference = torch.topk(torch.softmax(x.double(), -1), k, -1).values
             set_variant("auto")
             auto = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
-            variants = ["auto"] + [f"{p}{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n for p in "TS"]
+            variants = ["auto"] + [f"T{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n]
             times: dict[str, list[float]] = {v: [] for v in variants}
             ok: dict[str, bool] = {}
 
