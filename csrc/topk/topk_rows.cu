@@ -34,12 +34,16 @@ namespace {
 
 constexpr int kSlots = kRowsSlotsPerThread;  // 32
 constexpr int kGroup = 8;                    // slots per accuracy group of the sum
-// CTAs of 128 threads per SM at least, i.e. the register budget: 16-bit inputs 8 (<= 64 registers, 50% of
-// the SM's threads; ptxas -v, nvcc 13.0, sm_90: no spills; left free, the bfloat16 K = 8 instances took 70
-// registers and 7 CTAs per SM, and ran slower on an H100 than with 64), float32 4 (<= 128: the vector instances
-// take 72-78 registers, the scalar ones 128 with spills).
-template <typename TIn>
-constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? 8 : 4;
+// CTAs of 128 threads per SM at least, i.e. the register budget (ptxas -v, nvcc 13.0, sm_90). Many-row shapes
+// (65536x256: 31 CTAs per SM to run) are latency-bound at the occupancy registers allow (Nsight Compute, H100,
+// fp16: 10.5 cycles per issued instruction, issue slots 59% busy, 44% occupancy; session 11), so each instance
+// gets the most CTAs it takes without spilling:
+//   16-bit, K = 8: 8 (<= 64 registers; at 48 the vector instance spills 36 bytes; left free, the bfloat16
+//                  instances took 70 registers and 7 CTAs per SM, and ran slower on an H100 than with 64)
+//   16-bit, K = 4: 10 (<= 48); K <= 2: 12 (<= 40)
+//   float32, vector loads: 8 (<= 64; 72-78 at 4); scalar loads: 4 (at 8 they spill 400-500 bytes)
+template <typename TIn, int K, bool kVector>
+constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? (K >= 8 ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
@@ -427,7 +431,7 @@ __device__ __forceinline__ float word_value(typename Wd::W w, int) {
 // kExactFloat (float32 inputs whose threads hold at most kGroup values each): the exact 64-bit words at once.
 // A separate instance: in the same kernel their registers raised every float32 instance to 96 (ptxas).
 template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat>
-__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn>)
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
