@@ -5,7 +5,8 @@ Usage:
     python benchmarks/make_readme_table.py benchmarks/results/<gpu>-<date>.json [more.json ...] > table.md
 
 Several files (e.g. forward, backward and fused_topk runs made separately) are merged; they must come from
-the same GPU. Standard library only: it does not import torch or softmax_ops.
+the same GPU. The tables need the standard library only; --plot imports softmax_ops' plotting helper (and so
+builds or loads the extension, as any import of softmax_ops does).
 """
 
 from __future__ import annotations
