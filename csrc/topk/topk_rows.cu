@@ -145,8 +145,8 @@ __device__ __forceinline__ uint32_t float_key(float f) {
 // 16-bit inputs: the 16-bit order key in the high half, 0xffff - column in the low half (N <= 512). The key of
 // canonical bits (-0 made +0): the sign flipped for a positive value, every bit for a negative one; NaN-aware
 // words give every NaN the top key. The fast path makes the keys of a register's two values at once from its
-// raw bits (key_pair: a packed add, a byte permute, a logic op; then one byte permute per word), ~1.5 ALU
-// instructions per value fewer than from the float (sm_90 SASS).
+// raw bits (key_pair: a packed add, a byte permute, a logic op; then one byte permute per word): one ALU
+// instruction per value fewer than from the float (sm_90 SASS: 151 -> 139 instructions per group of 8 values).
 template <typename TIn>
 struct Words {
   static_assert(kIs16<TIn>, "16-bit inputs here; float32 below");
