@@ -46,6 +46,12 @@ struct TopkHeuristics {
   // warps already reach the target), and the vector rule measured best or within noise on every aligned case.
   int64_t rows_min_warps_per_sm = 8;
   int64_t rows_scalar_min_values = 2;
+  // ... and a thread still holding more than 16 values doubles once more if the grid stays within one wave of
+  // this many warps per SM (the rows instances' register budgets fit 8 CTAs of 4 warps): a one-wave shape is
+  // one dependent chain per row, longest where a thread sorts 32 values. H100, 2026-11-22 (session 11, one
+  // process, 3 interleaved rounds, *session11-c4-rows-sweep*): 16384x128 k8 at 8 threads vs 4: fp16 10.32
+  // vs 10.37 us, bf16 10.88 vs 11.14, fp32 16.58 vs 17.44; 65536x256 (4 waves at 16 threads) stays at 8.
+  int64_t rows_one_wave_warps_per_sm = 32;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
@@ -125,6 +131,10 @@ int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& pr
   const int64_t min_values = vector_sized ? vec_elems(dtype) : kHeuristics.rows_scalar_min_values;
   while (threads < kRowsMaxThreadsPerRow && n >= 2 * threads * min_values &&
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
+    threads *= 2;
+  }
+  if (threads < kRowsMaxThreadsPerRow && ceil_div(n, threads) > 16 && n >= 2 * threads * min_values &&
+      rows * threads * 2 <= kHeuristics.rows_one_wave_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
   return static_cast<int>(threads);
