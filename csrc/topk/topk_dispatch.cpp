@@ -19,7 +19,8 @@ namespace softmax_ops::topk {
 namespace {
 
 // ---- the heuristics table ------------------------------------------------------------------------------
-// Initial estimates, to be measured on the GPU (H100/H200): none of these thresholds has been timed yet.
+// Each threshold's comment says where it was measured (GPU, session, results file); one without a measurement
+// is an initial estimate.
 struct TopkHeuristics {
   // warp: rows up to warp_max_n(dtype) values (32 lanes x 32 registers; 16 for float64) and k up to this.
   // Each of the k rounds is a log2(lanes)-step butterfly plus one lane's rescan of its 32 slots; beyond
