@@ -49,8 +49,6 @@ template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
 template <typename TIn>
 constexpr bool kIs32 = std::is_same_v<TIn, float>;  // the exact-word instances exist for float32 only
-template <typename TIn>
-using RowWord = std::conditional_t<kIs16<TIn>, uint32_t, unsigned long long>;
 
 template <typename W>
 __device__ __forceinline__ void cas_desc(W& a, W& b) {
