@@ -645,7 +645,7 @@ def test_list_kernels_and_explain():
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)
     # 32 values per thread at 4 threads, and 8 threads still fit one wave: 8 (on a 132-SM GPU; explain
     # without a GPU assumes an H100)
-    if softmax_ops.explain((1, 8), torch.float16, op="fused_topk", k=1).count("132 SMs"):
+    if "132 SMs" in softmax_ops.explain((1, 8), torch.float16, op="fused_topk", k=1):
         assert "(8 threads per row" in softmax_ops.explain((16384, 128), torch.float16, op="fused_topk", k=8)
         assert "(8 threads per row" in softmax_ops.explain((65536, 256), torch.float16, op="fused_topk", k=8)
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)

@@ -134,7 +134,8 @@ int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& pr
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
-  if (threads < kRowsMaxThreadsPerRow && ceil_div(n, threads) > 16 && n >= 2 * threads * min_values &&
+  const bool over_half_full = ceil_div(n, threads) > kRowsSlotsPerThread / 2;
+  if (threads < kRowsMaxThreadsPerRow && over_half_full && n >= 2 * threads * min_values &&
       rows * threads * 2 <= kHeuristics.rows_one_wave_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }

@@ -47,8 +47,6 @@ constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? (K >= 8 ? 8 : K == 4 ? 10 : 12
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
-template <typename TIn>
-constexpr bool kIs32 = std::is_same_v<TIn, float>;  // the exact-word instances exist for float32 only
 
 template <typename W>
 __device__ __forceinline__ void cas_desc(W& a, W& b) {
@@ -541,12 +539,14 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
       const int K = static_cast<int>(next_pow2(problem.k));
       return dispatch_int<1, 2, 4, 8>(K, [&](auto k_tag) {
         constexpr int kK = decltype(k_tag)::value;
-        constexpr int V = 16 / sizeof(TIn);
-        const bool exact = std::is_same_v<TIn, float> &&
-                           rows_used_slots(static_cast<int>(problem.n), T, V, plan.vector_loads) <= kGroup;
-        const auto kernel = plan.vector_loads ? (exact ? topk_rows_kernel<TIn, TOut, kK, true, kIs32<TIn>>
+        // float32 rows whose threads hold <= kGroup values take the exact-word instances (16-bit inputs have
+        // none: for them kHasExact names the same instances as the other branch).
+        constexpr bool kHasExact = std::is_same_v<TIn, float>;
+        const int used = rows_used_slots(static_cast<int>(problem.n), T, detail::kVec16<TIn>, plan.vector_loads);
+        const bool exact = kHasExact && used <= kGroup;
+        const auto kernel = plan.vector_loads ? (exact ? topk_rows_kernel<TIn, TOut, kK, true, kHasExact>
                                                        : topk_rows_kernel<TIn, TOut, kK, true, false>)
-                                              : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kIs32<TIn>>
+                                              : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
                                                        : topk_rows_kernel<TIn, TOut, kK, false, false>);
         const int64_t rows_per_block = kRowsThreads / T;
         const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
