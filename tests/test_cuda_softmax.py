@@ -557,14 +557,34 @@ def test_lean_block_rows_grid_stride(shape, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype,n", [(torch.float16, 4104), (torch.bfloat16, 4104)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n", [4104, 4096, 8192])
 def test_lean_block_rows_special_values(dtype, n, op):
     """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (the special rows repeated
-    down the batch), n = 513 packs so that the -inf padding of the last pack's threads meets them too."""
+    down the batch): n = 513 packs, so that the -inf padding of the last pack's threads meets them too, and
+    whole rows of the 2- and 4-pack forms (no padding, a separate compiled body)."""
     rows = special_rows(n, dtype)
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
     check_forward(op, x)
+
+
+# Rows whose maxima lie far from 0 (up to |1000|, offsets on both sides of 256 / log2 e = 177.4, where session 12's
+# fused-exponent experiment changed form): the warp kernel's short and long rows and both lean forms, 16-bit and
+# float results, one launch each.
+ROW_OFFSETS = [-1000.0, -177.5, -177.0, -20.0, 0.0, 20.0, 177.0, 177.5, 1000.0]
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("n", [64, 1024, 4096, 8192])
+def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
+    offsets = torch.tensor(ROW_OFFSETS, dtype=torch.float64).repeat(-(-lean_rows() // len(ROW_OFFSETS)))
+    rows = offsets.numel() * (256 if n == 64 else 1)  # 64 columns: enough rows for the short-row plan
+    x64 = make_input((rows, n), torch.float64, seed=n, device="cpu") + offsets.repeat(rows // offsets.numel())[:, None]
+    x = x64.to(in_dtype).cuda()
+    expected = "lean instance" if n >= 4096 else "warp"
+    assert expected in softmax_ops.explain(tuple(x.shape), in_dtype, op="softmax")
+    check_forward("softmax", x, -1, out_dtype)
 
 
 # The backward ops' lean instance (lean_backward_rows: the same CTA shape, 2 packs of each stream per thread):

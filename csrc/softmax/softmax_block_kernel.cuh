@@ -120,75 +120,149 @@ struct BlockOptions {
 // template parameter, not a flag: its live state made ptxas spill the register cache of the other
 // instances (backward fp32, 4 packs: 64 bytes).
 //
+// The lean instance's CTA all-reduce of one float: a warp butterfly, the per-warp results to `slots`, ONE
+// barrier, then every thread folds all the slots from 16-byte shared loads in a fixed order (bitwise the same
+// result in every thread). One barrier suffices because the max and the sum use different slot buffers: a
+// warp writes the max buffer of row r + 1 only after the sum barrier of row r, which every warp reaches only
+// after reading the max buffer of row r; likewise the sum buffer across the max barrier of row r + 1.
+// Warp 0 pads the slots up to the fold width with the identity. The earlier form (every thread reading the
+// partials one by one in a loop over the warp count, then a second barrier) cost ~60 instructions per
+// reduction with its loop control; the whole kernel executed 416 warp instructions per warp on 4096 x 4096
+// fp16 against 304 for Liger's Triton kernel (Nsight Compute, H100, 2026-11-22). The loads stay independent
+// (a butterfly over the warps' results, 4 dependent shuffles, measured slower in session 6: *session6-ab3-*).
+constexpr int kLeanMaxWarps = kLeanCtaThreads / kWarpSize;
+
+// Folds slots [0, kWidth) four at a time (a pairwise tree within each 16-byte load, then group after group):
+// few live registers, as the lean instance holds its row's floats across the sum's reduction.
+template <int kWidth, typename Combine>
+__device__ __forceinline__ float fold_slots(const float* slots, Combine&& combine) {
+  auto fold4 = [&](int i) {
+    const float4 four = *reinterpret_cast<const float4*>(slots + i);
+    return combine(combine(four.x, four.y), combine(four.z, four.w));
+  };
+  float acc = fold4(0);
+#pragma unroll
+  for (int i = 4; i < kWidth; i += 4) acc = combine(acc, fold4(i));
+  return acc;
+}
+
+template <typename Combine>
+__device__ __forceinline__ float lean_all_reduce(float v, float identity, float* slots, Combine&& combine) {
+  const int lane = threadIdx.x % kWarpSize;
+  const int warp = threadIdx.x / kWarpSize;
+  const int num_warps = blockDim.x / kWarpSize;  // lean CTAs are whole warps (lean_rows)
+  v = warp_all_reduce_with(v, kWarpSize, combine);
+  const int width = num_warps <= 4 ? 4 : num_warps <= 8 ? 8 : kLeanMaxWarps;
+  if (lane == 0) slots[warp] = v;
+  if (warp == 0 && lane >= num_warps && lane < width) slots[lane] = identity;
+  __syncthreads();
+  if (width == 4) return fold_slots<4>(slots, combine);
+  if (width == 8) return fold_slots<8>(slots, combine);
+  return fold_slots<kLeanMaxWarps>(slots, combine);
+}
+
+// The max of a thread's cached 16-bit packs, taken on the packed pairs (HMNMX2, NaN-propagating: exact, as
+// any max), then widened once.
+template <typename In, int VEC, int PREG>
+__device__ __forceinline__ float packed_row_max(const Pack<In, VEC> (&packs)[PREG]) {
+  static_assert(sizeof(In) == 2 && VEC % 2 == 0, "16-bit packs of pairs");
+  using Pair = std::conditional_t<std::is_same_v<In, __half>, __half2, __nv_bfloat162>;
+  const Pair* pairs = reinterpret_cast<const Pair*>(&packs[0]);
+  Pair m = pairs[0];
+#pragma unroll
+  for (int i = 1; i < PREG * VEC / 2; ++i) m = __hmax2_nan(m, pairs[i]);
+  return row_max(convert<float>(m.x), convert<float>(m.y));
+}
+
+// One row of the lean forward (see exp_once_rows). kFull: the CTA's threads x PREG packs are exactly the row
+// (every power-of-two row), so no load is predicated and no pack padded with -inf.
+template <typename Op, int VEC, int PREG, bool kLog, bool kFull>
+__device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_t row, float (*slots)[kLeanMaxWarps]) {
+  using In = typename Op::In;
+  using Out = typename Op::Out;
+  using PackIn = Pack<In, VEC>;
+  // 32-bit offsets within the row (lean rows have at most kLeanCtaThreads x kLeanRegPacks packs): the 64-bit
+  // ones spilled at 32 registers.
+  const int threads = blockDim.x;
+  const int tid = threadIdx.x;
+  const int n_packs = static_cast<int>(args.n / VEC);
+  const int64_t row_offset = row * args.n + static_cast<int64_t>(tid) * VEC;  // this thread's first pack
+  const In* in = args.in[0] + row_offset;
+  auto in_row = [&](int p) { return kFull || p * threads + tid < n_packs; };
+  PackIn packs[PREG];
+#pragma unroll
+  for (int p = 0; p < PREG; ++p) {
+    packs[p] = in_row(p) ? load_vec<In, VEC>(in + p * threads * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
+  }
+  const float m = lean_all_reduce(packed_row_max(packs), negative_infinity<float>(), slots[0],
+                                  [](float a, float b) { return row_max(a, b); });
+  // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
+  // softmax keeps the exponentials (its output) as floats, log_softmax the packed inputs (its output is
+  // (x - max) - log(sum)): as floats they and log(sum)'s temporaries spilled at 32 registers.
+  float v[PREG][VEC];
+  float sum = 0.0f;
+#pragma unroll
+  for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const float e = ExpMath<float>::exp_from(cached_element<float>(packs[p], j), m);
+      if constexpr (!kLog) v[p][j] = e;
+      sum += e;
+    }
+  }
+  sum = lean_all_reduce(sum, 0.0f, slots[1], [](float a, float b) { return a + b; });
+  const float inv_sum = ExpMath<float>::reciprocal(sum);
+  const float log_sum = kLog ? ExpMath<float>::log_sum(sum) : 0.0f;
+#pragma unroll
+  for (int p = 0; p < PREG; ++p) {
+    if (in_row(p)) {
+      Pack<Out, VEC> result;
+      // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        if constexpr (kLog) {
+          result.v[j] = convert<Out>((cached_element<float>(packs[p], j) - m) - log_sum);
+        } else {
+          result.v[j] = convert<Out>(v[p][j] * inv_sum);
+        }
+      }
+      store_vec<Out, VEC>(args.out + row_offset + p * threads * VEC, result);
+    }
+  }
+}
+
 // kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
 // thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
-// output (exp_once_rows; log_softmax keeps x instead, its output (x - max) - log(sum) needs no exponential).
+// output (log_softmax keeps x instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
 // bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on
 // H200) from log_softmax (0.86-0.90); Liger's Triton kernel, which keeps exp(x - max) in registers, reached
 // 0.92-0.98 in the same bench runs. log_softmax gains from the CTA shape and the max-first order alone (no
 // per-chunk rescale, 2048 threads per SM): H200, 2026-11-22, two interleaved A/B runs, 2048 x 2048 .. 32768 x
 // 2048 16-bit +0.03..+0.12 of copy in all 10 cases (*session6-ab-log-lean-*.json). Compiled for up to
-// kLeanCtaThreads threads at kLeanMinCtas CTAs per SM (<= 32 registers).
+// kLeanCtaThreads threads at kLeanMinCtas CTAs per SM (<= 32 registers). softmax / log_softmax and whole /
+// partial rows are four compile-time bodies behind uniform branches: a runtime `log` cost a select per
+// element (the kept value) and the partial rows' padding ~24 byte permutes per thread.
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
-  using In = typename Op::In;
-  using Out = typename Op::Out;
-  using PackIn = Pack<In, VEC>;
-  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward rows with float math");
-  // max, then sum. The reduction is device_utils' (every thread merges the per-warp partials in turn): the
-  // butterfly form of softmax_math.cuh (fewer instructions, 4 dependent shuffles) was slower here, H200,
-  // 2026-11-22, two A/B runs: 2048 x 2048 fp16 / bf16 1.00 / 1.06 -> 0.95 / 0.94 of copy, log_softmax 16-bit
-  // 2048 x 4096, 4096 x 4096 -0.02..-0.06 (*session6-ab3-*.json).
-  __shared__ float scratch[2][kWarpSize];  // block_all_reduce ends with a barrier
-  const bool log = args.op.log;
-  const int threads = blockDim.x;
-  const int tid = threadIdx.x;
+  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && sizeof(typename Op::In) == 2,
+                "forward 16-bit rows with float math");
+  __shared__ __align__(16) float slots[2][kLeanMaxWarps];  // the max's, the sum's (see lean_all_reduce)
   const int64_t n_packs = args.n / VEC;
-  if (static_cast<int64_t>(threads) * PREG < n_packs) __trap();  // dispatcher bug guard: a row must fit
-  for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    const In* in = args.in[0] + row * args.n;
-    float v[PREG][VEC];
-#pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-      const int64_t k = static_cast<int64_t>(p) * threads + tid;
-      const PackIn pack = k < n_packs ? load_vec<In, VEC>(in + k * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) v[p][j] = cached_element<float>(pack, j);
+  const int64_t cached = static_cast<int64_t>(blockDim.x) * PREG;
+  if (cached < n_packs || blockDim.x % kWarpSize != 0 || blockDim.x > kLeanCtaThreads) __trap();  // dispatcher bug guard
+  auto rows = [&](auto log, auto full) {
+    for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
+      lean_forward_row<Op, VEC, PREG, decltype(log)::value, decltype(full)::value>(args, row, slots);
     }
-    float m = negative_infinity<float>();
-#pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) m = row_max(m, v[p][j]);
-    }
-    m = block_all_reduce(m, scratch[0], [](float a, float b) { return row_max(a, b); });
-    // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
-    // softmax keeps the exponentials (its output), log_softmax the inputs (its output is (x - max) - log(sum)).
-    float sum = 0.0f;
-#pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float e = ExpMath<float>::exp_from(v[p][j], m);
-        if (!log) v[p][j] = e;
-        sum += e;
-      }
-    }
-    sum = block_all_reduce(sum, scratch[1], [](float a, float b) { return a + b; });
-    const float inv_sum = ExpMath<float>::reciprocal(sum);
-    const float log_sum = log ? ExpMath<float>::log_sum(sum) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-      const int64_t k = static_cast<int64_t>(p) * threads + tid;
-      if (k < n_packs) {
-        Pack<Out, VEC> result;
-        // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(log ? (v[p][j] - m) - log_sum : v[p][j] * inv_sum);
-        store_vec<Out, VEC>(args.out + row * args.n + k * VEC, result);
-      }
-    }
+  };
+  using True = std::true_type;
+  using False = std::false_type;
+  const bool full = cached == n_packs;
+  if (args.op.log) {
+    full ? rows(True{}, True{}) : rows(True{}, False{});
+  } else {
+    full ? rows(False{}, True{}) : rows(False{}, False{});
   }
 }
 
