@@ -361,6 +361,38 @@ def test_split_hist_mass_ties_take_the_exact_fallback(dtype):
             check_topk(x, k, -1, renormalize)
 
 
+def long_special_rows(n: int) -> torch.Tensor:
+    """float64 rows of n over many tiles that stress the chunk producer's floor and compactions: ascending
+    (every tile beats the floors before it: the buffer floods and compacts), descending (the top k all in the
+    first tile), NaNs only near the end, +inf only past the first tile, -inf except 30 values at the end (the
+    first tile's floor is -inf: no bound), and an all-equal row (every value ties with the floor)."""
+    generator = torch.Generator().manual_seed(n)
+    ramp = torch.linspace(-4.0, 4.0, n, dtype=torch.float64)
+    nan_tail = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+    nan_tail[-40:-20] = float("nan")
+    inf_later = torch.randn(n, generator=generator, dtype=torch.float64) * 3
+    inf_later[5007:5017] = float("inf")
+    mostly_neg_inf = torch.full((n,), float("-inf"), dtype=torch.float64)
+    mostly_neg_inf[-30:] = torch.randn(30, generator=generator, dtype=torch.float64)
+    equal = torch.full((n,), 0.5, dtype=torch.float64)
+    return torch.stack([ramp, ramp.flip(0), nan_tail, inf_later, mostly_neg_inf, equal])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", ["block", "split_row"])
+def test_chunk_producer_long_special_rows(kernel, dtype):
+    """long_special_rows over 20 tiles plus a ragged one: indices in the reference order (NaN first, ties to
+    the lower index), NaN exactly where the reference has it, the other values close."""
+    x = long_special_rows(20 * 4096 + 1000).to(dtype).cuda()
+    tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+    for k in (1, 50, 256):
+        for renormalize in (False, True):
+            values, ref_values = check_reference_order(x, k, kernel, renormalize)
+            finite = ~torch.isnan(ref_values)
+            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows,n,k", [(2, 262144, 1024), (1, 128256, 50), (3, 151936, 50)])

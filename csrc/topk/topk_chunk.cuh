@@ -9,8 +9,9 @@
 //   * one barrier per tile (__syncthreads_count) keeps an upper bound of the buffer's fill; only when the
 //     next tile could overflow the buffer is the exact count read, and if needed a block radix select finds
 //     the k-th best candidate, the buffer is compacted to the k best and the threshold rises to it;
-//   * the first tile gets a threshold at once: the k-th best of the per-thread maxima (k distinct values
-//     reach it), so a row with small k never floods the buffer.
+//   * the first tile gets a threshold at once: a lower bound of the k-th best of the per-thread maxima (the
+//     smallest of the warps' ceil(k / W)-th best: at least k distinct values reach it), so a row with small
+//     k never floods the buffer.
 // Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTileElems / (T*V) vectors per thread):
 //   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
 //   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
@@ -146,51 +147,57 @@ struct ChunkTopk {
     return Ops::make(OrderKey<C>::of(pick(v, b)), column(t0, offset));
   }
 
-  // The first tile's threshold: the k-th best of the per-thread best values (a radix prefix; none when
-  // k > kBlockThreads, which keeps every value). Uses buf[0, kBlockThreads) as scratch; ends with a barrier
-  // after which s.count == 0 is visible to every thread.
-  static __device__ Cand first_tile_floor(const C (&v)[U][V], int t0, int valid, int k, Cand* buf,
-                                          SelectScratch& s) {
+  // The first tile's filter bound (filter_bound's form: !(x <= bound) passes), below which no value of the
+  // range can be among its k best: each warp sorts its lanes' maxima over the tile (a shuffle bitonic sort)
+  // and takes the ceil(k / W)-th largest (W warps); the smallest of those is reached by at least
+  // W * ceil(k / W) >= k distinct values. The maxima are numbers or -inf (fmax drops NaN): the bound is the
+  // float just below that value (values equal to it pass), or NaN (everything passes) when it is -inf, or
+  // when k > kBlockThreads. One CTA barrier, after which s.count == 0 is visible to every thread. The exact
+  // k-th maximum by a block radix select cost ~3 barriers per digit pass (up to 8) on every row (see
+  // benchmarks/notes-topk-tuning.md, session 13).
+  static __device__ C first_tile_bound(const C (&v)[U][V], int valid, int k, SelectScratch& s) {
+    constexpr int kWarps = kBlockThreads / kWarpSize;
+    static_assert(kWarps <= 32, "one warp_floor slot per warp");
     if (k > kBlockThreads) {
       __syncthreads();
-      return Ops::none();
+      return quiet_nan<C>();
     }
-    Cand mine = Ops::none();
+    C mine = neg_inf<C>();
 #pragma unroll
     for (int u = 0; u < U; ++u) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const int off = tile_offset(u, j);
-        const Cand c = Ops::make(OrderKey<C>::of(v[u][j]), column(t0, off));
-        if (off < valid && Ops::better(c, mine)) mine = c;
+        if (tile_offset(u, j) < valid) mine = fmax(mine, v[u][j]);
       }
     }
-    __syncthreads();  // buf is free (the previous user, if any, is done)
-    buf[threadIdx.x] = mine;
-    __syncthreads();
-    // Ends with a barrier: buf is free again.
-    return block_radix_threshold<Ops, kSideList>(buf, kBlockThreads, k, s);
-  }
-
-  // Mask of the first tile's values at or above the floor: key above the floor's (the filter_bound compare,
-  // which may also pass some NaNs below a NaN floor: harmless extra candidates), or the floor's own value at
-  // an index no higher than the floor's. Float compares instead of 64-bit candidate compares: the 16
-  // candidates built at once cost ~30 registers at the kernel's peak.
-  static __device__ __forceinline__ uint32_t first_tile_take(const C (&v)[U][V], int t0,
-                                                             const Cand& floor) {
-    const C bound = filter_bound<C>(Ops::key(floor));
-    const C floor_value = OrderKey<C>::value(Ops::key(floor));
-    const uint32_t floor_index = Ops::index(floor);
-    uint32_t take = 0;
+    // float64 maxima rounded down: the float floor stays at or below the values that reach it.
+    float m = static_cast<float>(mine);
+    if constexpr (std::is_same_v<C, double>) m = __double2float_rd(mine);
+    const int lane = threadIdx.x % kWarpSize;
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
+    for (int size = 2; size <= kWarpSize; size *= 2) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const uint32_t index = column(t0, tile_offset(u, j));
-        if (!(v[u][j] <= bound) || (v[u][j] == floor_value && index <= floor_index)) take |= 1u << (u * V + j);
+      for (int stride = size / 2; stride > 0; stride /= 2) {
+        const float other = __shfl_xor_sync(kFullMask, m, stride);
+        // Descending runs where lane & size == 0 (every lane in the last merge): there the lower lane of a
+        // pair keeps the larger value.
+        const bool keep_larger = ((lane & stride) == 0) == ((lane & size) == 0);
+        m = keep_larger ? fmaxf(m, other) : fminf(m, other);
       }
     }
-    return take;
+    const int rank = (k + kWarps - 1) / kWarps;  // 1..kWarpSize
+    const float warp_floor = __shfl_sync(kFullMask, m, rank - 1);
+    if (lane == 0) s.warp_floor[threadIdx.x / kWarpSize] = warp_floor;
+    __syncthreads();  // run() uses s.warp_floor once: no barrier after the reads
+    float floor = s.warp_floor[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) floor = fminf(floor, s.warp_floor[w]);
+    if (!(floor > -INFINITY)) return quiet_nan<C>();
+    if constexpr (std::is_same_v<C, double>) {
+      return nextafter(static_cast<double>(floor), -static_cast<double>(INFINITY));
+    } else {
+      return nextafterf(floor, -INFINITY);
+    }
   }
 
   // Mask of the values that pass the running threshold: one unordered compare each (filter_bound).
@@ -233,22 +240,14 @@ struct ChunkTopk {
       if constexpr (!kPrefetch) load_tile(x + t0, valid, next);
       C v[U][V];
       unpack_tile(next, v);
-      // The first tile's radix select runs before the prefetch: with both tiles live it set the kernel's
-      // register peak.
-      Cand floor = Ops::none();
-      if (t0 == lo) floor = first_tile_floor(v, t0, valid, k, buf, s);
+      // The first tile's floor is found before the prefetch: with both tiles live its radix select (before
+      // session 13) set the kernel's register peak.
+      if (t0 == lo) bound = first_tile_bound(v, valid, k, s);
       // The next tile's loads fly while this one is filtered and appended (and during its barrier).
       if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
       fold_tile_stats(stats, v);
 
-      uint32_t take;
-      if (t0 == lo) {
-        take = first_tile_take(v, t0, floor);
-        bound = filter_bound<C>(Ops::key(floor));
-        closed = is_nan_key(Ops::key(floor));
-      } else {
-        take = closed ? 0u : tile_take(v, bound);
-      }
+      uint32_t take = closed ? 0u : tile_take(v, bound);
       if (valid < kTileElems) take &= valid_mask(valid);
       const int appended = append_selected<Ops, Reserve::kPerLane>(buf, &s.count, take,
                                                 [&](int b) { return candidate(v, b, t0); });
