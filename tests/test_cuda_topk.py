@@ -23,10 +23,11 @@ BACKWARD_KERNELS = ["block", "split"]
 
 # Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
 # kernel holds 32 values per lane (16 for float64), 1..32 lanes per row; block/split_row read tiles of 4096
-# elements (split_row and split_hist chunks are whole tiles); radix splits rows into chunks.
+# elements (split_row and split_hist chunks are whole tiles) and refresh their floor in rows of >= 8 tiles;
+# radix splits rows into chunks.
 WARP_NS = [2, 7, 31, 32, 33, 60, 64, 100, 128, 160, 384, 512, 513, 1000, 1024]
 WARP_MAX_N = {torch.float64: 512}  # default 1024
-BLOCK_NS = [1, 7, 100, 1000, 1025, 4095, 4096, 4097, 8193]
+BLOCK_NS = [1, 7, 100, 1000, 1025, 4095, 4096, 4097, 8193, 28672, 32768]
 SPLIT_NS = [100, 4097, 8192, 12289, 20000]
 RADIX_NS = [1, 7, 100, 1025, 4097, 20000]
 SPLIT_HIST_NS = [1, 100, 4095, 4096, 4097, 8192, 12289, 20000]

@@ -59,6 +59,10 @@ struct ChunkTopk {
   // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
   // register per value before packing, and float64 values take two: with prefetch both spilled (ptxas).
   static constexpr bool kPrefetch = kVectorLoads && sizeof(TIn) <= 4;
+  // Ranges of at least this many tiles refresh the floor from the running maxima (run). H100, session 13
+  // (*session13-c8-*): block 1024 x 50000 k50 (13 tiles) -6..-7%, 64 x 151936 k50 (37) -11..-15%, 256 x 32768
+  // k64 (8) -5%; split_row's 5-tile chunks of 64 x 151936 +1..+3% (two more barriers than tiles they help).
+  static constexpr int kRefreshMinTiles = 8;
   // block_radix_threshold's side list pays for 16-bit inputs only (see there).
   static constexpr bool kSideList = sizeof(TIn) == 2;
 
@@ -156,8 +160,6 @@ struct ChunkTopk {
   // k-th maximum by a block radix select cost ~3 barriers per digit pass (up to 8) on every row (see
   // benchmarks/notes-topk-tuning.md, session 13).
   static __device__ C first_tile_bound(const C (&v)[U][V], int valid, int k, SelectScratch& s) {
-    constexpr int kWarps = kBlockThreads / kWarpSize;
-    static_assert(kWarps <= 32, "one warp_floor slot per warp");
     if (k > kBlockThreads) {
       __syncthreads();
       return quiet_nan<C>();
@@ -170,6 +172,14 @@ struct ChunkTopk {
         if (tile_offset(u, j) < valid) mine = fmax(mine, v[u][j]);
       }
     }
+    return maxima_floor_bound(mine, k, s);
+  }
+
+  // first_tile_bound's floor from each thread's maximum `mine` over any part of the range seen so far
+  // (a number or -inf). k <= kBlockThreads. One CTA barrier; callers separate calls by another.
+  static __device__ C maxima_floor_bound(C mine, int k, SelectScratch& s) {
+    constexpr int kWarps = kBlockThreads / kWarpSize;
+    static_assert(kWarps <= 32, "one warp_floor slot per warp");
     // float64 maxima rounded down: the float floor stays at or below the values that reach it.
     float m = static_cast<float>(mine);
     if constexpr (std::is_same_v<C, double>) m = __double2float_rd(mine);
@@ -188,7 +198,7 @@ struct ChunkTopk {
     const int rank = (k + kWarps - 1) / kWarps;  // 1..kWarpSize
     const float warp_floor = __shfl_sync(kFullMask, m, rank - 1);
     if (lane == 0) s.warp_floor[threadIdx.x / kWarpSize] = warp_floor;
-    __syncthreads();  // run() uses s.warp_floor once: no barrier after the reads
+    __syncthreads();  // the next call's writes come after another barrier: no barrier after the reads
     float floor = s.warp_floor[0];
 #pragma unroll
     for (int w = 1; w < kWarps; ++w) floor = fminf(floor, s.warp_floor[w]);
@@ -199,6 +209,9 @@ struct ChunkTopk {
       return nextafterf(floor, -INFINITY);
     }
   }
+
+  // The tighter of two filter bounds (NaN: no bound).
+  static __device__ __forceinline__ C tighter_bound(C a, C b) { return a != a || b > a ? b : a; }
 
   // Mask of the values that pass the running threshold: one unordered compare each (filter_bound).
   static __device__ __forceinline__ uint32_t tile_take(const C (&v)[U][V], C bound) {
@@ -231,6 +244,7 @@ struct ChunkTopk {
     C bound = quiet_nan<C>();
     bool closed = false;  // the threshold is a NaN: no later value can rank above it
     int fill_bound = 0;
+    const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTileElems;
     RawTile next;
     if constexpr (kPrefetch) load_tile(x + lo, min(hi - lo, kTileElems), next);
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
@@ -246,6 +260,13 @@ struct ChunkTopk {
       // The next tile's loads fly while this one is filtered and appended (and during its barrier).
       if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
       fold_tile_stats(stats, v);
+      // The floor again from the running maxima after 2, 4, 8, ... tiles of a range of at least
+      // kRefreshMinTiles: each doubling of the values behind the maxima about halves the values of later tiles
+      // that pass it (fewer appends and compactions).
+      const int tile = (t0 - lo) / kTileElems;
+      if (refresh && tile >= 2 && (tile & (tile - 1)) == 0) {
+        bound = tighter_bound(bound, maxima_floor_bound(stats.max, k, s));
+      }
 
       uint32_t take = closed ? 0u : tile_take(v, bound);
       if (valid < kTileElems) take &= valid_mask(valid);
