@@ -227,8 +227,10 @@ struct ChunkTopk {
   }
 
   // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (max, sum) over its share. Returns count. When the chunk held more than k candidates, *kth
-  // (every thread) gets a radix prefix that exactly the k kept candidates reach; else it is left alone.
+  // thread's (max, sum) over its share. Returns count. When the chunk held more than max(k, keep)
+  // candidates, they are selected down to the k best and *kth (every thread) gets a radix prefix that exactly
+  // those k reach; else all of them stay (a superset of the k best: keep > k is for a caller that sorts them
+  // anyway) and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
   //
@@ -238,7 +240,7 @@ struct ChunkTopk {
   // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTileElems =
   // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
   static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
-                            SelectScratch& s, RowStats<C>& stats, Cand* kth) {
+                            SelectScratch& s, RowStats<C>& stats, Cand* kth, int keep = 0) {
     stats = empty_stats<C>();
     if (threadIdx.x == 0) s.count = 0;
     C bound = quiet_nan<C>();
@@ -289,7 +291,7 @@ struct ChunkTopk {
     }
     __syncthreads();
     int count = s.count;
-    if (count > k) {
+    if (count > k && count > keep) {
       const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
       count = block_compact<Ops>(buf, count, threshold, s);
       *kth = threshold;
