@@ -30,7 +30,7 @@ struct SelectScratch {
   int bucket;      // entries in the chosen bucket
   int side_count;  // entries copied into side by the current pass
   alignas(16) unsigned char side[kSelectSideEntries * 16];
-  float warp_floor[32];  // ChunkTopk's first-tile floor: one value per warp
+  float warp_floor[32];  // ChunkTopk's maxima floor (first tile, refreshes): one value per warp
 };
 
 // Appends c at a slot of buf taken from *counter with one atomic per warp. Every lane of the warp calls it.
