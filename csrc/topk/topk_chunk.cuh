@@ -152,8 +152,8 @@ struct ChunkTopk {
   }
 
   // The first tile's filter bound (filter_bound's form: !(x <= bound) passes), below which no value of the
-  // range can be among its k best: each warp sorts its lanes' maxima over the tile (a shuffle bitonic sort)
-  // and takes the ceil(k / W)-th largest (W warps); the smallest of those is reached by at least
+  // range can be among its k best: each warp takes the ceil(k / W)-th largest of its lanes' maxima over the
+  // tile (kth_largest_across_lanes; W warps); the smallest of those is reached by at least
   // W * ceil(k / W) >= k distinct values. The maxima are numbers or -inf (fmax drops NaN): the bound is the
   // float just below that value (values equal to it pass), or NaN (everything passes) when it is -inf, or
   // when k > kBlockThreads. One CTA barrier, after which s.count == 0 is visible to every thread. The exact
@@ -183,21 +183,9 @@ struct ChunkTopk {
     // float64 maxima rounded down: the float floor stays at or below the values that reach it.
     float m = static_cast<float>(mine);
     if constexpr (std::is_same_v<C, double>) m = __double2float_rd(mine);
-    const int lane = threadIdx.x % kWarpSize;
-#pragma unroll
-    for (int size = 2; size <= kWarpSize; size *= 2) {
-#pragma unroll
-      for (int stride = size / 2; stride > 0; stride /= 2) {
-        const float other = __shfl_xor_sync(kFullMask, m, stride);
-        // Descending runs where lane & size == 0 (every lane in the last merge): there the lower lane of a
-        // pair keeps the larger value.
-        const bool keep_larger = ((lane & stride) == 0) == ((lane & size) == 0);
-        m = keep_larger ? fmaxf(m, other) : fminf(m, other);
-      }
-    }
     const int rank = (k + kWarps - 1) / kWarps;  // 1..kWarpSize
-    const float warp_floor = __shfl_sync(kFullMask, m, rank - 1);
-    if (lane == 0) s.warp_floor[threadIdx.x / kWarpSize] = warp_floor;
+    const float warp_floor = kth_largest_across_lanes<kWarpSize>(m, rank);
+    if (threadIdx.x % kWarpSize == 0) s.warp_floor[threadIdx.x / kWarpSize] = warp_floor;
     __syncthreads();  // the next call's writes come after another barrier: no barrier after the reads
     float floor = s.warp_floor[0];
 #pragma unroll

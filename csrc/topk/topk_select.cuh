@@ -15,6 +15,26 @@
 
 namespace softmax_ops::topk {
 
+// ---- warp-wide selection -------------------------------------------------------------------------------
+
+// The k-th largest (1 <= k <= W) of the W lanes' values (NaN-free), in every lane: a bitonic sort across the
+// lanes (log2(W) (log2(W) + 1) / 2 shuffle steps), descending, then lane k-1's value. The warp kernel's
+// thresholds and the block family's floor from the threads' maxima (ChunkTopk).
+template <int W, typename T>
+__device__ __forceinline__ T kth_largest_across_lanes(T v, int k) {
+  const int lane = threadIdx.x % W;
+#pragma unroll
+  for (int size = 2; size <= W; size *= 2) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      const T other = __shfl_xor_sync(kFullMask, v, stride, W);
+      const bool keep_larger = ((lane & stride) == 0) == ((lane & size) == 0);
+      v = keep_larger ? max(v, other) : min(v, other);
+    }
+  }
+  return __shfl_sync(kFullMask, v, k - 1, W);
+}
+
 // ---- block-wide selection in shared memory -------------------------------------------------------
 
 // Candidates of a small radix bucket, scanned instead of the whole buffer by block_radix_threshold's later

@@ -161,7 +161,7 @@ __device__ __forceinline__ void select_by_words(const LaneValues<TIn, S>& x, con
     word[s] = w & (s < at.valid ? ~0u : 0u);  // a mask, not a branch per slot
   }
   if (filter_applies<W>(k, at.used)) {
-    const uint32_t threshold = max(1u, warp::kth_largest_across_lanes<W>(warp::lane_best_word(word, at.used), k));
+    const uint32_t threshold = max(1u, kth_largest_across_lanes<W>(warp::lane_best_word(word, at.used), k));
     uint32_t cand[warp::kCandidates];
     const bool fits = warp::gather_candidates<WordCand, S>(
         at.used, cand, [&](int s) { return word[s] >= threshold; }, [&](int s) { return word[s]; });
@@ -188,7 +188,7 @@ __device__ __forceinline__ void select_by_keys(const LaneValues<TIn, S>& x, cons
   auto column = [&](int s) { return at.column(s); };
   if (filter_applies<W>(k, at.used)) {
     const Key lane_max = warp::lane_best_key(key, at.used).key;
-    const Key threshold = max(Key(1), warp::kth_largest_across_lanes<W>(lane_max, k));
+    const Key threshold = max(Key(1), kth_largest_across_lanes<W>(lane_max, k));
     typename Ops::Type cand[warp::kCandidates];
     const bool fits = warp::gather_candidates<Ops, S>(
         at.used, cand, [&](int s) { return key[s] >= threshold; },

@@ -101,25 +101,6 @@ __device__ __forceinline__ typename Ops::Type tree_best(const typename Ops::Type
   return level[0];
 }
 
-// The k-th largest (1 <= k <= W) of the W lanes' values, in every lane: a bitonic sort across the lanes
-// (log2(W) (log2(W) + 1) / 2 shuffle steps), descending, then lane k-1's value.
-template <int W, typename T>
-__device__ __forceinline__ T kth_largest_across_lanes(T v, int k) {
-  const int lane = threadIdx.x % W;
-#pragma unroll
-  for (int size = 2; size <= W; size *= 2) {
-#pragma unroll
-    for (int stride = size / 2; stride > 0; stride /= 2) {
-      const T other = __shfl_xor_sync(kFullMask, v, stride, W);
-      const bool keep_larger = ((lane & stride) == 0) == ((lane & size) == 0);
-      const T larger = v > other ? v : other;
-      const T smaller = v > other ? other : v;
-      v = keep_larger ? larger : smaller;
-    }
-  }
-  return __shfl_sync(kFullMask, v, k - 1, W);
-}
-
 // Moves cand(s) of every slot s (< used_slots) with selected(s) into c (kCandidates registers, empty ones
 // Ops::none()). Returns false when this lane has more candidates than registers.
 template <typename Ops, int S, typename Selected, typename CandAt>
