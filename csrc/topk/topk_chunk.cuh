@@ -141,6 +141,128 @@ struct ChunkTopk {
     return mask;
   }
 
+  // ---- run()'s view of a tile: the raw 16-byte words, unpacked only where a value's float is needed ----
+  // 16-bit types take the tile's maximum and the filter two values at a time from the raw 32-bit words
+  // (VHMNMX / HSET2 on sm_90: 7 instructions for the maximum of 16 values instead of 15, 16 for the take
+  // mask instead of ~41), so their take-mask bit of value (u, j) is (j % 2) * 16 + u * 4 + j / 2: word
+  // u * 4 + j / 2, the word's low value in the low 16 bits. Other types: bit u * V + j (valid_mask's and
+  // candidate's layout, which split_hist also uses).
+  static constexpr bool kPairs = sizeof(TIn) == 2;
+  static_assert(!kPairs || U * 4 <= 16, "16 words per thread at most: one low and one high mask bit each");
+  using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
+
+  static __device__ __forceinline__ Pair as_pair(uint32_t w) { return *reinterpret_cast<const Pair*>(&w); }
+
+  static __device__ __forceinline__ void words_of(const RawTile& t, uint32_t (&w)[U][4]) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      w[u][0] = t.w[u].x;
+      w[u][1] = t.w[u].y;
+      w[u][2] = t.w[u].z;
+      w[u][3] = t.w[u].w;
+    }
+  }
+
+  // The largest value of the tile (pads are -inf), skipping NaNs as fmax does: a number or -inf, also for a
+  // tile of NaNs only (the maxima floor ranks these maxima).
+  static __device__ __forceinline__ C raw_tile_max(const RawTile& t) {
+    if constexpr (kPairs) {
+      uint32_t w[U][4];
+      words_of(t, w);
+      Pair m = as_pair(w[0][0]);
+#pragma unroll
+      for (int i = 1; i < U * 4; ++i) m = __hmax2(m, as_pair(w[i / 4][i % 4]));
+      return fmaxf(fmaxf(__low2float(m), __high2float(m)), -INFINITY);
+    } else {
+      C v[U][V];
+      unpack_tile(t, v);
+      C m = neg_inf<C>();
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) m = fmax(m, v[u][j]);
+      }
+      return m;
+    }
+  }
+
+  // fold_tile_stats with the tile's maximum known.
+  static __device__ __forceinline__ void fold_raw_tile(RowStats<C>& stats, const RawTile& t, C tile_max) {
+    C v[U][V];
+    unpack_tile(t, v);
+    if constexpr (std::is_same_v<C, double>) {
+      fold_tile_stats(stats, v);
+    } else {
+      fold_stats(stats, v, tile_max);
+    }
+  }
+
+  // Mask of the values that pass filter bound `bound` (filter_bound's form: !(x <= bound)). For 16-bit types
+  // the bound rounded down to TIn decides the same for every TIn value x (x <= b iff x <= round_down(b); NaN
+  // stays NaN, so every value passes), compared two at a time (GTU: greater or unordered).
+  static __device__ __forceinline__ uint32_t raw_tile_take(const RawTile& t, C bound) {
+    if constexpr (kPairs) {
+      Pair b;
+      if constexpr (std::is_same_v<TIn, __half>) {
+        b = __half2half2(__float2half_rd(bound));
+      } else {
+        b = __bfloat162bfloat162(__float2bfloat16_rd(bound));
+      }
+      uint32_t w[U][4];
+      words_of(t, w);
+      uint32_t take = 0;
+#pragma unroll
+      for (int i = 0; i < U * 4; ++i) take |= __hgtu2_mask(as_pair(w[i / 4][i % 4]), b) & (0x00010001u << i);
+      return take;
+    } else {
+      C v[U][V];
+      unpack_tile(t, v);
+      return tile_take(v, bound);
+    }
+  }
+
+  // valid_mask in run()'s layout.
+  static __device__ __forceinline__ uint32_t raw_valid_mask(int valid) {
+    if constexpr (kPairs) {
+      uint32_t mask = 0;
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          if (tile_offset(u, j) < valid) mask |= 1u << ((j % 2) * 16 + u * 4 + j / 2);
+        }
+      }
+      return mask;
+    } else {
+      return valid_mask(valid);
+    }
+  }
+
+  // The candidate of take-mask bit b in run()'s layout.
+  static __device__ __forceinline__ Cand raw_candidate(const RawTile& t, int b, int t0) {
+    if constexpr (kPairs) {
+      const unsigned bit = static_cast<unsigned>(b);
+      const unsigned word = bit % 16u;
+      const unsigned high = bit / 16u;
+      uint32_t w[U][4];
+      words_of(t, w);
+      const uint32_t both = pick(w, static_cast<int>(word));
+      const uint32_t bits = high ? both >> 16 : both & 0xffffu;
+      float value;
+      if constexpr (std::is_same_v<TIn, __half>) {
+        value = __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
+      } else {
+        value = __uint_as_float(bits << 16);
+      }
+      const int offset = tile_offset(static_cast<int>(word / 4u), static_cast<int>((word % 4u) * 2u + high));
+      return Ops::make(OrderKey<C>::of(value), column(t0, offset));
+    } else {
+      C v[U][V];
+      unpack_tile(t, v);
+      return candidate(v, b, t0);
+    }
+  }
+
   // A NaN threshold (rows with >= k NaNs): the unordered compare would pass every later NaN, each tile a
   // compaction; later NaNs rank below it, so nothing passes.
   static __device__ __forceinline__ bool is_nan_key(Key key) { return key == OrderKey<C>::of(quiet_nan<C>()); }
@@ -152,25 +274,17 @@ struct ChunkTopk {
   }
 
   // The first tile's filter bound (filter_bound's form: !(x <= bound) passes), below which no value of the
-  // range can be among its k best: each warp takes the ceil(k / W)-th largest of its lanes' maxima over the
-  // tile (kth_largest_across_lanes; W warps); the smallest of those is reached by at least
-  // W * ceil(k / W) >= k distinct values. The maxima are numbers or -inf (fmax drops NaN): the bound is the
-  // float just below that value (values equal to it pass), or NaN (everything passes) when it is -inf, or
-  // when k > kBlockThreads. One CTA barrier, after which s.count == 0 is visible to every thread. The exact
-  // k-th maximum by a block radix select cost ~3 barriers per digit pass (up to 8) on every row (see
-  // benchmarks/notes-topk-tuning.md, session 13).
-  static __device__ C first_tile_bound(const C (&v)[U][V], int valid, int k, SelectScratch& s) {
+  // range can be among its k best, from each thread's maximum over the tile, `mine` (pads are -inf): each warp
+  // takes the ceil(k / W)-th largest of its lanes' maxima (kth_largest_across_lanes; W warps); the smallest
+  // of those is reached by at least W * ceil(k / W) >= k distinct values. The maxima are numbers or -inf
+  // (fmax drops NaN): the bound is the float just below that value (values equal to it pass), or NaN
+  // (everything passes) when it is -inf, or when k > kBlockThreads. One CTA barrier, after which s.count == 0
+  // is visible to every thread. The exact k-th maximum by a block radix select cost ~3 barriers per digit
+  // pass (up to 8) on every row (see benchmarks/notes-topk-tuning.md, session 13).
+  static __device__ C first_tile_bound(C mine, int k, SelectScratch& s) {
     if (k > kBlockThreads) {
       __syncthreads();
       return quiet_nan<C>();
-    }
-    C mine = neg_inf<C>();
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (tile_offset(u, j) < valid) mine = fmax(mine, v[u][j]);
-      }
     }
     return maxima_floor_bound(mine, k, s);
   }
@@ -235,21 +349,28 @@ struct ChunkTopk {
     bool closed = false;  // the threshold is a NaN: no later value can rank above it
     int fill_bound = 0;
     const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTileElems;
+    // The tile to load next, as a pointer bumped once per tile: recomputed from x and t0, its 64-bit address
+    // took ~20 instructions per tile (SASS).
+    const TIn* next_x = x + lo;
     RawTile next;
-    if constexpr (kPrefetch) load_tile(x + lo, min(hi - lo, kTileElems), next);
+    if constexpr (kPrefetch) load_tile(next_x, min(hi - lo, kTileElems), next);
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
     for (int t0 = lo;; t0 += kTileElems) {
       const int valid = min(hi - t0, kTileElems);
       const bool more = hi - t0 > kTileElems;
-      if constexpr (!kPrefetch) load_tile(x + t0, valid, next);
-      C v[U][V];
-      unpack_tile(next, v);
-      // The first tile's floor is found before the prefetch: with both tiles live its radix select (before
-      // session 13) set the kernel's register peak.
-      if (t0 == lo) bound = first_tile_bound(v, valid, k, s);
-      // The next tile's loads fly while this one is filtered and appended (and during its barrier).
-      if (kPrefetch && more) load_tile(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
-      fold_tile_stats(stats, v);
+      RawTile cur;
+      if constexpr (kPrefetch) {
+        cur = next;
+        next_x += kTileElems;
+        // The next tile's loads fly while this one is folded, filtered and appended (and during its barrier).
+        if (more) load_tile(next_x, min(hi - t0 - kTileElems, kTileElems), next);
+      } else {
+        load_tile(next_x, valid, cur);
+        next_x += kTileElems;
+      }
+      const C tile_max = raw_tile_max(cur);
+      if (t0 == lo) bound = first_tile_bound(tile_max, k, s);
+      fold_raw_tile(stats, cur, tile_max);
       // The floor again from the running maxima after 2, 4, 8, ... tiles of a range of at least
       // kRefreshMinTiles: each doubling of the values behind the maxima about halves the values of later tiles
       // that pass it (fewer appends and compactions).
@@ -258,10 +379,10 @@ struct ChunkTopk {
         bound = tighter_bound(bound, maxima_floor_bound(stats.max, k, s));
       }
 
-      uint32_t take = closed ? 0u : tile_take(v, bound);
-      if (valid < kTileElems) take &= valid_mask(valid);
+      uint32_t take = closed ? 0u : raw_tile_take(cur, bound);
+      if (valid < kTileElems) take &= raw_valid_mask(valid);
       const int appended = append_selected<Ops, Reserve::kPerLane>(buf, &s.count, take,
-                                                [&](int b) { return candidate(v, b, t0); });
+                                                [&](int b) { return raw_candidate(cur, b, t0); });
       if (!more) break;  // the final selection below reads the exact count
       fill_bound += kPerThread * __syncthreads_count(appended > 0);
       if (fill_bound > cap - kTileElems) {

@@ -82,15 +82,10 @@ __device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[V]) {
   s.sum += group_sum;
 }
 
-// A whole U x V tile at once: one max check and at most one rescale per tile instead of one per vector.
+// A whole U x V tile at once whose maximum (pads are -inf) the caller already has: one max check and at most
+// one rescale per tile instead of one per vector.
 template <typename C, int U, int V>
-__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V]) {
-  C group_max = x[0][0];
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) group_max = fmax(group_max, x[u][j]);
-  }
+__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V], C group_max) {
   raise_max(s, group_max);
   const C shift = term_shift(s);
   // The tile is summed on its own first. Added one by one, terms far below the running sum's ulp were
@@ -103,6 +98,18 @@ __device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V]) {
     for (int j = 0; j < V; ++j) tile_sum += exp_shifted(x[u][j], shift);
   }
   s.sum += tile_sum;
+}
+
+// A whole U x V tile at once: one max check and at most one rescale per tile instead of one per vector.
+template <typename C, int U, int V>
+__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V]) {
+  C group_max = x[0][0];
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) group_max = fmax(group_max, x[u][j]);
+  }
+  fold_stats(s, x, group_max);
 }
 
 // The online-softmax merge; a side whose max is -inf keeps its 0 (or NaN) unscaled.
