@@ -186,14 +186,16 @@ struct ChunkTopk {
     }
   }
 
-  // fold_tile_stats with the tile's maximum known.
+  // Folds the tile into the thread's (shift, sum) (raise_shift: the shift lags the max by up to kShiftSlack),
+  // its maximum known. float64 keeps fold_tile_stats (exact max, per vector).
   static __device__ __forceinline__ void fold_raw_tile(RowStats<C>& stats, const RawTile& t, C tile_max) {
     C v[U][V];
     unpack_tile(t, v);
     if constexpr (std::is_same_v<C, double>) {
       fold_tile_stats(stats, v);
     } else {
-      fold_stats(stats, v, tile_max);
+      raise_shift(stats, tile_max);
+      add_terms(stats, v);
     }
   }
 
@@ -329,10 +331,10 @@ struct ChunkTopk {
   }
 
   // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (max, sum) over its share. Returns count. When the chunk held more than max(k, keep)
-  // candidates, they are selected down to the k best and *kth (every thread) gets a radix prefix that exactly
-  // those k reach; else all of them stay (a superset of the k best: keep > k is for a caller that sorts them
-  // anyway) and *kth is left alone.
+  // thread's (shift, sum) over its share (stats.max is a shift up to kShiftSlack below the max: raise_shift).
+  // Returns count. When the chunk held more than max(k, keep) candidates, they are selected down to the k
+  // best and *kth (every thread) gets a radix prefix that exactly those k reach; else all of them stay (a
+  // superset of the k best: keep > k is for a caller that sorts them anyway) and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
   //
@@ -348,6 +350,7 @@ struct ChunkTopk {
     C bound = quiet_nan<C>();
     bool closed = false;  // the threshold is a NaN: no later value can rank above it
     int fill_bound = 0;
+    C thread_max = neg_inf<C>();  // stats.max is the sum's shift, which lags it (fold_raw_tile)
     const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTileElems;
     // The tile to load next, as a pointer bumped once per tile: recomputed from x and t0, its 64-bit address
     // took ~20 instructions per tile (SASS).
@@ -369,6 +372,7 @@ struct ChunkTopk {
         next_x += kTileElems;
       }
       const C tile_max = raw_tile_max(cur);
+      thread_max = fmax(thread_max, tile_max);
       if (t0 == lo) bound = first_tile_bound(tile_max, k, s);
       fold_raw_tile(stats, cur, tile_max);
       // The floor again from the running maxima after 2, 4, 8, ... tiles of a range of at least
@@ -376,7 +380,7 @@ struct ChunkTopk {
       // that pass it (fewer appends and compactions).
       const int tile = (t0 - lo) / kTileElems;
       if (refresh && tile >= 2 && (tile & (tile - 1)) == 0) {
-        bound = tighter_bound(bound, maxima_floor_bound(stats.max, k, s));
+        bound = tighter_bound(bound, maxima_floor_bound(thread_max, k, s));
       }
 
       uint32_t take = closed ? 0u : raw_tile_take(cur, bound);

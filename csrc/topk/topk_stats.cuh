@@ -61,6 +61,22 @@ __device__ __forceinline__ void raise_max(RowStats<C>& s, C group_max) {
   }
 }
 
+// raise_max for a sum whose shift may lag its max: the shift (s.max) moves only when a group's max passes it by
+// more than kShiftSlack, so terms are exp(x - shift) <= e^16 (2^31 of them stay below 2e16 in float) and the
+// probabilities exp(x - shift) / sum are the same numbers. A thread of a chunk producer then rescales about
+// once per row instead of on nearly every tile (an expf and a divergent branch per warp-tile: the running max
+// of 16-32 values per tile rises often). s.max is then NOT the max: callers that need it track it apart.
+template <typename C>
+inline constexpr C kShiftSlack = C(16);
+
+template <typename C>
+__device__ __forceinline__ void raise_shift(RowStats<C>& s, C group_max) {
+  if (group_max > s.max + kShiftSlack<C>) {
+    if (s.max != neg_inf<C>()) s.sum *= rescale_factor(s.max, group_max);
+    s.max = group_max;
+  }
+}
+
 // The shift for a group's terms: while the max is -inf every value so far is -inf or NaN, and exp(x - 0)
 // gives 0 or NaN, never overflows.
 template <typename C>
@@ -82,11 +98,9 @@ __device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[V]) {
   s.sum += group_sum;
 }
 
-// A whole U x V tile at once whose maximum (pads are -inf) the caller already has: one max check and at most
-// one rescale per tile instead of one per vector.
+// Adds a U x V tile's terms exp(x - shift) to s (the shift already raised for them).
 template <typename C, int U, int V>
-__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V], C group_max) {
-  raise_max(s, group_max);
+__device__ __forceinline__ void add_terms(RowStats<C>& s, const C (&x)[U][V]) {
   const C shift = term_shift(s);
   // The tile is summed on its own first. Added one by one, terms far below the running sum's ulp were
   // rounded away, always downwards: a row with one dominant value (p_top = 0.81) lost 8.6e-7 of its sum in
@@ -98,6 +112,14 @@ __device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V], C
     for (int j = 0; j < V; ++j) tile_sum += exp_shifted(x[u][j], shift);
   }
   s.sum += tile_sum;
+}
+
+// A whole U x V tile at once whose maximum (pads are -inf) the caller already has: one max check and at most
+// one rescale per tile instead of one per vector.
+template <typename C, int U, int V>
+__device__ __forceinline__ void fold_stats(RowStats<C>& s, const C (&x)[U][V], C group_max) {
+  raise_max(s, group_max);
+  add_terms(s, x);
 }
 
 // A whole U x V tile at once: one max check and at most one rescale per tile instead of one per vector.
