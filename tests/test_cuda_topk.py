@@ -394,6 +394,34 @@ def test_chunk_producer_long_special_rows(kernel, dtype):
             assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
 
 
+def rising_rows(tiles: int, tail: int) -> torch.Tensor:
+    """float64 rows of tiles * 4096 + tail values whose maximum rises tile after tile: by 3 per tile (below the
+    chunk producer's shift slack of 16: its sums then hold terms up to e^16), by 20 per tile (past the slack:
+    a rescale on every tile), one dominant value in the first tile over noise, and a spread of +-300 (most
+    terms underflow to 0). Offsets are multiples of 1/4: exact in every dtype."""
+    n = tiles * 4096 + tail
+    generator = torch.Generator().manual_seed(tiles)
+    noise = torch.randn(n, generator=generator, dtype=torch.float64)
+    tile_index = torch.div(torch.arange(n), 4096, rounding_mode="floor").to(torch.float64)
+    dominant = noise.clone()
+    dominant[100] = 30.0
+    wide = noise * 100
+    return torch.stack([noise + 3 * tile_index, noise + 20 * tile_index, dominant, wide])
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("kernel", ["block", "split_row"])
+def test_chunk_producer_rising_maxima(kernel, dtype):
+    """rising_rows through the chunk producer, whose per-thread sums keep a shift that lags the running max
+    (raise_shift): values within twice torch's own error of the float64 reference, indices exact."""
+    x = rising_rows(12, 77).to(dtype).cuda()
+    with softmax_ops.force_kernel("topk", kernel):
+        for k in (1, 50):
+            for renormalize in (False, True):
+                check_topk(x, k, -1, renormalize)
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("rows,n,k", [(2, 262144, 1024), (1, 128256, 50), (3, 151936, 50)])
