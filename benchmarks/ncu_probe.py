@@ -26,6 +26,8 @@ def main() -> None:
     parser.add_argument("--kernels", default="auto",
                         help="softmax-family kernels to force, comma-separated ('auto' = the dispatcher's choice)")
     parser.add_argument("--topk", default="", help="fused_topk cases ROWSxNkK, comma-separated (e.g. 16384x8k2)")
+    parser.add_argument("--topk-values", choices=["float32", "input"], default="float32",
+                        help="fused_topk's values dtype: float32 (dtype=torch.float32) or the input dtype (the bench's)")
     args = parser.parse_args()
 
     import torch
@@ -58,7 +60,8 @@ def main() -> None:
             print(f"--- fused_topk {case} {dtype_name}", flush=True)
             torch.cuda.synchronize()
             logits.sum(-1)  # the xSum yardstick
-            softmax_ops.fused_topk(logits, int(k), -1, False, torch.float32)
+            out_dtype = torch.float32 if args.topk_values == "float32" else None
+            softmax_ops.fused_topk(logits, int(k), -1, False, out_dtype)
             torch.cuda.synchronize()
 
 
