@@ -161,19 +161,30 @@ __device__ __forceinline__ RowStats<C> shfl_xor_stats(const RowStats<C>& s, int 
 }
 
 // Block-wide merge in a fixed order (deterministic); every thread gets the result. scratch >= 32 entries.
+// The block's max first (no exp), then each thread's sum rescaled once to it (one expf) and added up: the tree
+// of pairwise merges it replaces took two expf per level, ~24 per thread, on every row of the block kernels.
 template <typename C>
 __device__ __forceinline__ RowStats<C> block_merge_stats(RowStats<C> s, RowStats<C>* scratch) {
   const int lane = threadIdx.x % kWarpSize;
   const int warp = threadIdx.x / kWarpSize;
   const int num_warps = (blockDim.x + kWarpSize - 1) / kWarpSize;
+  C m = s.max;
 #pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) s = merge_stats(s, shfl_xor_stats(s, offset, kWarpSize));
-  if (lane == 0) scratch[warp] = s;
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) m = fmax(m, __shfl_xor_sync(kFullMask, m, offset));
+  if (lane == 0) scratch[warp].max = m;
   __syncthreads();
-  RowStats<C> r = scratch[0];
-  for (int w = 1; w < num_warps; ++w) r = merge_stats(r, scratch[w]);
+  m = scratch[0].max;
+  for (int w = 1; w < num_warps; ++w) m = fmax(m, scratch[w].max);
+  // A side whose max is -inf keeps its 0 (or NaN) unscaled; +inf against +inf gives NaN, as torch does.
+  C sum = s.max == neg_inf<C>() ? s.sum : s.sum * rescale_factor(s.max, m);
+#pragma unroll
+  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+  if (lane == 0) scratch[warp].sum = sum;  // lane 0's order: the same bits on every run
   __syncthreads();
-  return r;
+  C total = scratch[0].sum;
+  for (int w = 1; w < num_warps; ++w) total += scratch[w].sum;
+  __syncthreads();
+  return {m, total};
 }
 
 }  // namespace softmax_ops::topk
