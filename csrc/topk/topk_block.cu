@@ -109,7 +109,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   RowStats<C> stats;
   Cand kth = Ops::none();
   int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select,
-                         stats, &kth);
+                         stats, &kth, kBlockThreads);
+  // Up to one candidate per thread is left unselected (as in the block kernel): sorted outright, the chunk's
+  // k best first. Its k-th then bounds the row's k-th best from below.
+  if (count > k) {
+    block_sort_desc<Ops>(buf, count);
+    kth = buf[k - 1];
+    count = k;
+  }
   stats = block_merge_stats(stats, scratch.stats);
   Cand* row_cand = ws.cand + row * splits * k;
   Cand* out = row_cand + static_cast<int64_t>(part) * k;
