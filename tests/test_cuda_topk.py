@@ -395,10 +395,9 @@ def test_chunk_producer_long_special_rows(kernel, dtype):
 
 
 def rising_rows(tiles: int, tail: int) -> torch.Tensor:
-    """float64 rows of tiles * 4096 + tail values whose maximum rises tile after tile: by 3 per tile (below the
-    chunk producer's shift slack of 16: its sums then hold terms up to e^16), by 20 per tile (past the slack:
-    a rescale on every tile), one dominant value in the first tile over noise, and a spread of +-300 (most
-    terms underflow to 0). Offsets are multiples of 1/4: exact in every dtype."""
+    """float64 rows of tiles * 4096 + tail values whose maximum rises tile after tile (by 3 and by 20 per tile:
+    the chunk producer's threads rescale their sums on most tiles), one dominant value in the first tile over
+    noise, and a spread of +-300 (most terms underflow to 0)."""
     n = tiles * 4096 + tail
     generator = torch.Generator().manual_seed(tiles)
     noise = torch.randn(n, generator=generator, dtype=torch.float64)
@@ -413,8 +412,8 @@ def rising_rows(tiles: int, tail: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("kernel", ["block", "split_row"])
 def test_chunk_producer_rising_maxima(kernel, dtype):
-    """rising_rows through the chunk producer, whose per-thread sums keep a shift that lags the running max
-    (raise_shift): values within twice torch's own error of the float64 reference, indices exact."""
+    """rising_rows through the chunk producer: values within twice torch's own error of the float64
+    reference (the block-wide merge of the threads' sums included), indices exact."""
     x = rising_rows(12, 77).to(dtype).cuda()
     with softmax_ops.force_kernel("topk", kernel):
         for k in (1, 50):

@@ -186,16 +186,14 @@ struct ChunkTopk {
     }
   }
 
-  // Folds the tile into the thread's (shift, sum) (raise_shift: the shift lags the max by up to kShiftSlack),
-  // its maximum known. float64 keeps fold_tile_stats (exact max, per vector).
+  // fold_tile_stats with the tile's maximum known (float64 keeps its per-vector fold).
   static __device__ __forceinline__ void fold_raw_tile(RowStats<C>& stats, const RawTile& t, C tile_max) {
     C v[U][V];
     unpack_tile(t, v);
     if constexpr (std::is_same_v<C, double>) {
       fold_tile_stats(stats, v);
     } else {
-      raise_shift(stats, tile_max);
-      add_terms(stats, v);
+      fold_stats(stats, v, tile_max);
     }
   }
 
@@ -331,8 +329,7 @@ struct ChunkTopk {
   }
 
   // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (shift, sum) over its share (stats.max is a shift up to kShiftSlack below the max: raise_shift).
-  // Returns count. When the chunk held more than max(k, keep) candidates, they are selected down to the k
+  // thread's (max, sum) over its share. Returns count. When the chunk held more than max(k, keep) candidates, they are selected down to the k
   // best and *kth (every thread) gets a radix prefix that exactly those k reach; else all of them stay (a
   // superset of the k best: keep > k is for a caller that sorts them anyway) and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
@@ -350,7 +347,6 @@ struct ChunkTopk {
     C bound = quiet_nan<C>();
     bool closed = false;  // the threshold is a NaN: no later value can rank above it
     int fill_bound = 0;
-    C thread_max = neg_inf<C>();  // stats.max is the sum's shift, which lags it (fold_raw_tile)
     const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTileElems;
     // The tile to load next, as a pointer bumped once per tile: recomputed from x and t0, its 64-bit address
     // took ~20 instructions per tile (SASS).
@@ -372,7 +368,6 @@ struct ChunkTopk {
         next_x += kTileElems;
       }
       const C tile_max = raw_tile_max(cur);
-      thread_max = fmax(thread_max, tile_max);
       if (t0 == lo) bound = first_tile_bound(tile_max, k, s);
       fold_raw_tile(stats, cur, tile_max);
       // The floor again from the running maxima after 2, 4, 8, ... tiles of a range of at least
@@ -380,7 +375,7 @@ struct ChunkTopk {
       // that pass it (fewer appends and compactions).
       const int tile = (t0 - lo) / kTileElems;
       if (refresh && tile >= 2 && (tile & (tile - 1)) == 0) {
-        bound = tighter_bound(bound, maxima_floor_bound(thread_max, k, s));
+        bound = tighter_bound(bound, maxima_floor_bound(stats.max, k, s));
       }
 
       uint32_t take = closed ? 0u : raw_tile_take(cur, bound);
@@ -409,7 +404,7 @@ struct ChunkTopk {
     // candidates become ~100 (a numpy model of this loop), so the block kernel sorts them outright instead of
     // a radix select (~3.5 digit passes of ~3 barriers on every row: a quarter of its stall samples, ncu).
     if (count > k && count > keep && k <= kBlockThreads) {
-      const C floor_bound = maxima_floor_bound(thread_max, k, s);
+      const C floor_bound = maxima_floor_bound(stats.max, k, s);
       // Keeps every candidate whose value is above the bound: keys above the bound's (NaN's key is the top).
       if (floor_bound == floor_bound) {
         count = block_compact<Ops>(buf, count, Ops::make(OrderKey<C>::of(floor_bound) + 1, ~0u), s);

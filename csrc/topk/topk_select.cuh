@@ -439,6 +439,15 @@ __device__ int block_sort_desc(typename Ops::Type* buf, int count) {
   return n;
 }
 
+// block_sort_desc for count <= blockDim.x (one entry per thread): only the one-per-thread network compiled
+// in, which keeps the other instances' registers out of a kernel that never needs them.
+template <typename Ops>
+__device__ void block_sort_desc_one_per_thread(typename Ops::Type* buf, int count) {
+  const int n = max(kWarpSize, next_pow2_device(count));
+  for (int i = count + threadIdx.x; i < n; i += blockDim.x) buf[i] = Ops::none();
+  register_bitonic_sort_desc<Ops, 1>(buf, n);
+}
+
 // Sorts the count (>= k) candidates of buf (capacity >= max(32, next_pow2(count))) and writes the k best as
 // probabilities exp(x - max) / sum (renormalised: divided by their fp32/fp64 sum, rounded once) and indices.
 template <typename Ops, typename C, typename TOut>

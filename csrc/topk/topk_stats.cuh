@@ -61,22 +61,6 @@ __device__ __forceinline__ void raise_max(RowStats<C>& s, C group_max) {
   }
 }
 
-// raise_max for a sum whose shift may lag its max: the shift (s.max) moves only when a group's max passes it by
-// more than kShiftSlack, so terms are exp(x - shift) <= e^16 (2^31 of them stay below 2e16 in float) and the
-// probabilities exp(x - shift) / sum are the same numbers. A thread of a chunk producer then rescales about
-// once per row instead of on nearly every tile (an expf and a divergent branch per warp-tile: the running max
-// of 16-32 values per tile rises often). s.max is then NOT the max: callers that need it track it apart.
-template <typename C>
-inline constexpr C kShiftSlack = C(16);
-
-template <typename C>
-__device__ __forceinline__ void raise_shift(RowStats<C>& s, C group_max) {
-  if (group_max > s.max + kShiftSlack<C>) {
-    if (s.max != neg_inf<C>()) s.sum *= rescale_factor(s.max, group_max);
-    s.max = group_max;
-  }
-}
-
 // The shift for a group's terms: while the max is -inf every value so far is -inf or NaN, and exp(x - 0)
 // gives 0 or NaN, never overflows.
 template <typename C>
