@@ -187,3 +187,17 @@ def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backwa
     if cached is not None:
         assert "kernel grid_onepass" in cached and "streamed" not in cached, cached
     assert "kernel grid_onepass" in streamed and "the rest of each chunk streamed" in streamed, streamed
+
+
+@pytest.mark.parametrize("shape,k,kernel", [
+    ((64, 151936), 50, "split_row"),  # 0.48 rows per SM: split_row 34.4 us vs block 38.4 (fp16)
+    ((79, 50000), 50, "split_row"),   # just under 60 rows per 100 SMs
+    ((80, 50000), 50, "block"),
+    ((96, 100000), 50, "block"),      # block 30.3 us vs split_row 35.4 (fp16)
+    ((256, 32768), 64, "block"),      # block 20.4 us vs split_row 39.8 (fp16)
+])
+def test_fused_topk_takes_one_cta_per_row_from_0_6_rows_per_sm(shape, k, kernel):
+    """csrc/topk/topk_dispatch.cpp, block_min_rows_per_100_sms: one CTA per row from 0.6 rows per SM (H100,
+    session 14: block beat split_row on 96-256 rows, lost on 64)."""
+    text = softmax_ops.explain(shape, torch.float16, op="fused_topk", k=k)
+    assert f"kernel '{kernel}'" in text, text

@@ -58,9 +58,15 @@ struct TopkHeuristics {
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64); larger k goes to radix.
   int64_t candidate_max_k = 4096;
-  // block: one CTA per row; for k <= ~500 the buffer is ~50 KB, so four CTAs (64 KB of loads in flight)
-  // fit per SM and >= 2 rows per SM already keeps every SM busy. Fewer rows split.
-  int64_t block_min_rows_per_sm = 2;
+  // block: one CTA per row from this many rows per 100 SMs; fewer rows split (split_row / split_hist). The
+  // split kernels' per-chunk selects and row merge cost more than the SMs a CTA per row leaves idle down to
+  // about 0.6 rows per SM. H100, 2026-11-22 (*session14-c5-rows-threshold*, block vs split_row forced, fp16 /
+  // fp32): 96 x 100000 k50 30.3 / 33.2 us vs 35.4 / 39.8, 128 x 32768 k64 17.9 / 19.5 vs 30.0 / 31.7,
+  // 132 x 65536 k50 23.5 / 27.3 vs 33.0 / 36.5, 256 x 32768 k64 20.4 / 24.1 vs 39.8 / 43.1; but 64 x 151936 k50
+  // (0.48 per SM) block 38.4 / 42.5 vs split_row 34.4 / 38.9 (*session14-c4-*).
+  int64_t block_min_rows_per_100_sms = 60;
+  // backward: rows below this many per SM split (its own kernels; not re-measured with the forward's change).
+  int64_t backward_block_min_rows_per_sm = 2;
   // split_row: aim for this many CTAs per SM; each chunk >= max(split_min_chunk, split_chunk_per_k * k)
   // elements (one tile at least), since every chunk writes k candidates that the row's merge reads back.
   int64_t split_target_ctas_per_sm = 4;
@@ -147,6 +153,11 @@ int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& pr
 int64_t splits_for(int64_t rows, int64_t n, int64_t ctas_per_sm, int64_t min_chunk, const TopkDeviceProps& props) {
   const int64_t want = ceil_div(ctas_per_sm * props.sm_count, std::max<int64_t>(rows, 1));
   return std::max<int64_t>(1, std::min(want, n / min_chunk));
+}
+
+// Enough rows for the forward's block kernel (one CTA per row) rather than a split kernel.
+bool block_rows_enough(int64_t rows, const TopkDeviceProps& props) {
+  return rows * 100 >= kHeuristics.block_min_rows_per_100_sms * props.sm_count;
 }
 
 int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDeviceProps& props) {
@@ -401,12 +412,11 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
     kernel = TopkKernel::kRadix;
     reason << "k=" << k << " > " << kHeuristics.candidate_max_k
            << " candidates (or beyond shared memory): radix select works for any k";
-  } else if (rows >= kHeuristics.block_min_rows_per_sm * props.sm_count ||
-             split_row_splits(rows, n, k, props) < 2) {
+  } else if (block_rows_enough(rows, props) || split_row_splits(rows, n, k, props) < 2) {
     kernel = TopkKernel::kBlock;
     reason << rows << " rows";
-    if (rows >= kHeuristics.block_min_rows_per_sm * props.sm_count) {
-      reason << " >= " << kHeuristics.block_min_rows_per_sm << " per SM: one CTA per row fills the GPU";
+    if (block_rows_enough(rows, props)) {
+      reason << " >= " << kHeuristics.block_min_rows_per_100_sms << " per 100 SMs: one CTA per row beats splitting";
     } else {
       reason << ": rows too short to split into chunks of >= "
              << std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k) << " elements";
@@ -414,7 +424,7 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
   } else if ((k > kHeuristics.split_hist_min_k || rows <= kHeuristics.split_hist_max_rows) &&
              rows * n * dtype_bytes(dtype) <= props.l2_bytes) {
     kernel = TopkKernel::kSplitHist;
-    reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: each row is split; ";
+    reason << rows << " rows < " << kHeuristics.block_min_rows_per_100_sms << " per 100 SMs: each row is split; ";
     if (k > kHeuristics.split_hist_min_k) {
       reason << "k=" << k << " > " << kHeuristics.split_hist_min_k;
     } else {
@@ -424,8 +434,8 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
            << props.l2_bytes / (1024 * 1024) << " MB L2, so its second read of them hits L2)";
   } else {
     kernel = TopkKernel::kSplitRow;
-    reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM: one CTA per row would leave SMs "
-           << "idle, so each row is split";
+    reason << rows << " rows < " << kHeuristics.block_min_rows_per_100_sms << " per 100 SMs: one CTA per row would "
+           << "leave too many SMs idle, so each row is split";
   }
   if (why != nullptr) *why = reason.str();
   return plan_for(kernel, rows, n, k, dtype, props, false);
@@ -433,12 +443,12 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
 
 TopkBackwardPlan choose_topk_backward_kernel(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props,
                                              std::string* why) {
-  const bool split = rows < kHeuristics.block_min_rows_per_sm * props.sm_count &&
+  const bool split = rows < kHeuristics.backward_block_min_rows_per_sm * props.sm_count &&
                      n >= 2 * kHeuristics.backward_min_chunk;
   if (why != nullptr) {
     Text reason;
     if (split) {
-      reason << rows << " rows < " << kHeuristics.block_min_rows_per_sm << " per SM and N=" << n
+      reason << rows << " rows < " << kHeuristics.backward_block_min_rows_per_sm << " per SM and N=" << n
              << ": each row is split into chunks";
     } else {
       reason << "one CTA per row (" << rows << " rows, N=" << n << ")";
