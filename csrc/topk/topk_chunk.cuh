@@ -44,9 +44,7 @@ __device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
 // kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
 // tile offset is the thread's base plus a constant: as a run-time flag the compiler kept the 16 offsets of
 // both layouts in registers across the tile loop.
-// kDepth: tiles in flight ahead of the one being filtered (kPrefetch only). One where several CTAs share an
-// SM (their tiles overlap one another's latency); more for a CTA that has its SM nearly alone.
-template <typename TIn, bool kVectorLoads, int kDepth = 1>
+template <typename TIn, bool kVectorLoads>
 struct ChunkTopk {
   using C = compute_t<TIn>;
   using Ops = CandFor<C>;
@@ -353,30 +351,18 @@ struct ChunkTopk {
     // The tile to load next, as a pointer bumped once per tile: recomputed from x and t0, its 64-bit address
     // took ~20 instructions per tile (SASS).
     const TIn* next_x = x + lo;
-    static_assert(kDepth >= 1 && (kDepth == 1 || kPrefetch), "deeper prefetch needs prefetching loads");
-    RawTile ahead[kDepth];  // ahead[d]: the tile d + 1 after the current one (the first ones before the loop)
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        // lo < hi: the first tile always exists.
-        if (d == 0 || hi - lo > d * kTileElems) load_tile(next_x, min(hi - lo - d * kTileElems, kTileElems), ahead[d]);
-        if (d + 1 < kDepth) next_x += kTileElems;
-      }
-    }
+    RawTile next;
+    if constexpr (kPrefetch) load_tile(next_x, min(hi - lo, kTileElems), next);
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
     for (int t0 = lo;; t0 += kTileElems) {
       const int valid = min(hi - t0, kTileElems);
       const bool more = hi - t0 > kTileElems;
       RawTile cur;
       if constexpr (kPrefetch) {
-        cur = ahead[0];
-#pragma unroll
-        for (int d = 0; d + 1 < kDepth; ++d) ahead[d] = ahead[d + 1];
+        cur = next;
         next_x += kTileElems;
-        // The tiles ahead fly while this one is folded, filtered and appended (and during its barrier).
-        if (hi - t0 > kDepth * kTileElems) {
-          load_tile(next_x, min(hi - t0 - kDepth * kTileElems, kTileElems), ahead[kDepth - 1]);
-        }
+        // The next tile's loads fly while this one is folded, filtered and appended (and during its barrier).
+        if (more) load_tile(next_x, min(hi - t0 - kTileElems, kTileElems), next);
       } else {
         load_tile(next_x, valid, cur);
         next_x += kTileElems;
