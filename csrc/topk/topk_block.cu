@@ -46,8 +46,7 @@ struct SplitWorkspace {
 
 // The merging CTA: streams the other chunks' candidates (own chunk `own` is already in buf[0, count)) through
 // the buffer, keeping those at or above `threshold` (a lower bound of the row's k-th best: the own chunk's
-// k-th, or none), compacting when the next step could overflow. Returns the count of a superset of the row's
-// k best: k of them, or up to kBlockThreads (write_sorted_topk sorts them all).
+// k-th, or none), compacting when the next step could overflow. Returns the count of the row's k best.
 template <typename Ops, bool kSideList>
 __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int splits, int own, int k, int cap,
                                       typename Ops::Type threshold, typename Ops::Type* buf, int count,
@@ -80,37 +79,11 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
       __syncthreads();  // every thread has read s.count before the next step appends
     }
   }
-  // Up to one candidate per thread is left for write_sorted_topk to sort outright (as the chunks do).
-  if (count > k && count > kBlockThreads) {
+  if (count > k) {
     const Cand kth = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
     count = block_compact<Ops>(buf, count, kth, s);
   }
   return count;
-}
-
-// The best of the chunks' k-th candidates (each chunk's list sorted, its k-th last; none where a chunk had
-// fewer than k), every thread: at least k distinct candidates of that chunk rank at or above it.
-template <typename Ops>
-__device__ typename Ops::Type best_chunk_kth(const typename Ops::Type* row_cand, int splits, int k,
-                                             typename Ops::Type* scratch) {
-  using Cand = typename Ops::Type;
-  Cand best = Ops::none();
-  for (int part = threadIdx.x; part < splits; part += blockDim.x) {
-    const Cand c = Ops::load_cg(row_cand + static_cast<int64_t>(part) * k + k - 1);
-    if (Ops::better(c, best)) best = c;
-  }
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    const Cand other = Ops::shfl_xor(best, offset, kWarpSize);
-    if (Ops::better(other, best)) best = other;
-  }
-  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = best;
-  __syncthreads();
-  best = scratch[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x) / kWarpSize; ++w) {
-    if (Ops::better(scratch[w], best)) best = scratch[w];
-  }
-  return best;
 }
 
 // One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum) into the workspace;
@@ -138,9 +111,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select,
                          stats, &kth, kBlockThreads);
   // Up to one candidate per thread is left unselected (as in the block kernel): sorted outright, the chunk's
-  // k best first. Its k-th (the list's last entry) then bounds the row's k-th best from below. With k <=
-  // kBlockThreads every chunk that has k candidates sorts them, so the merge can read every chunk's k-th.
-  if (count >= k && count <= kBlockThreads) {
+  // k best first. Its k-th then bounds the row's k-th best from below.
+  if (count > k) {
     block_sort_desc_one_per_thread<Ops>(buf, count);
     kth = buf[k - 1];
     count = k;
@@ -154,9 +126,6 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
 
   stats = merged_row_stats(ws.stats + row * splits, splits, scratch.stats);
   // A chunk that kept k candidates bounds the row's k-th best from below: k distinct values reach its kth.
-  // With k <= kBlockThreads the best of all chunks' k-th filters the merge (fewer than 256 candidates are
-  // then usually left, which write_sorted_topk sorts outright); else this chunk's.
-  if (k <= kBlockThreads) kth = best_chunk_kth<Ops>(row_cand, splits, k, scratch.best);
   count = merge_chunk_candidates<Ops, Chunk::kSideList>(row_cand, splits, part, k, cap, kth, buf, count,
                                                         scratch.select);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);

@@ -433,7 +433,6 @@ struct BlockScratch {
   RowStats<C> stats[kBlockThreads / kWarpSize];
   C sums[kBlockThreads / kWarpSize];
   int merges;  // split_row: this CTA took its row's last ticket
-  typename CandFor<C>::Type best[kBlockThreads / kWarpSize];  // split_row's merge: a block-wide best
 };
 
 // Makes this CTA's workspace writes visible device-wide, then takes a ticket of its row. True (in every
