@@ -15,7 +15,7 @@ template <typename TIn, typename TOut, bool kVectorLoads>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     topk_block_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices, int64_t n,
                       int k, int cap, bool renormalize) {
-  using Chunk = ChunkTopk<TIn, kVectorLoads, sizeof(TOut) == 2>;
+  using Chunk = ChunkTopk<TIn, kVectorLoads>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
@@ -93,7 +93,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                           int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
                           SplitWorkspace<compute_t<TIn>> ws) {
-  using Chunk = ChunkTopk<TIn, kVectorLoads, sizeof(TOut) == 2>;
+  using Chunk = ChunkTopk<TIn, kVectorLoads>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   using Cand = typename Ops::Type;

@@ -44,8 +44,7 @@ __device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
 // kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
 // tile offset is the thread's base plus a constant: as a run-time flag the compiler kept the 16 offsets of
 // both layouts in registers across the tile loop.
-// kNarrowResult: the probabilities are rounded to 16 bits, so the sums may take add_terms_narrow_result.
-template <typename TIn, bool kVectorLoads, bool kNarrowResult = false>
+template <typename TIn, bool kVectorLoads>
 struct ChunkTopk {
   using C = compute_t<TIn>;
   using Ops = CandFor<C>;
@@ -193,9 +192,6 @@ struct ChunkTopk {
     unpack_tile(t, v);
     if constexpr (std::is_same_v<C, double>) {
       fold_tile_stats(stats, v);
-    } else if constexpr (kNarrowResult) {
-      raise_max(stats, tile_max);
-      add_terms_narrow_result(stats, v);
     } else {
       fold_stats(stats, v, tile_max);
     }

@@ -98,28 +98,6 @@ __device__ __forceinline__ void add_terms(RowStats<C>& s, const C (&x)[U][V]) {
   s.sum += tile_sum;
 }
 
-// add_terms for sums whose probabilities are rounded to 16 bits (float16 / bfloat16 results): exp(x - m) as
-// 2^(x log2e - m log2e), one FFMA per term instead of FADD + FMUL. m log2e is rounded once for the tile: an
-// error of at most |m| log2e 2^-24 in every term's exponent, a relative error of the sum below 2.6e-6 while
-// |m| <= 64 (0.5% of a float16 half-ulp); a larger |m| keeps the exact form (float32 results always do: there
-// the same error would be ~20 ulp).
-template <int U, int V>
-__device__ __forceinline__ void add_terms_narrow_result(RowStats<float>& s, const float (&x)[U][V]) {
-  const float shift = term_shift(s);
-  if (!(fabsf(shift) <= 64.0f)) {
-    add_terms(s, x);
-    return;
-  }
-  const float c = shift * kLog2e;
-  float tile_sum = 0.0f;  // the tile on its own first, as add_terms
-#pragma unroll
-  for (int u = 0; u < U; ++u) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) tile_sum += ex2_approx(fmaf(x[u][j], kLog2e, -c));
-  }
-  s.sum += tile_sum;
-}
-
 // A whole U x V tile at once whose maximum (pads are -inf) the caller already has: one max check and at most
 // one rescale per tile instead of one per vector.
 template <typename C, int U, int V>
