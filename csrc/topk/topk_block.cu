@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   // Up to one candidate per thread is left unselected (as in the block kernel): sorted outright, the chunk's
   // k best first. Its k-th then bounds the row's k-th best from below.
   if (count > k) {
-    block_sort_desc_one_per_thread<Ops>(buf, count);
+    block_rank_sort_desc<Ops>(buf, count);
     kth = buf[k - 1];
     count = k;
   }

@@ -439,13 +439,33 @@ __device__ int block_sort_desc(typename Ops::Type* buf, int count) {
   return n;
 }
 
-// block_sort_desc for count <= blockDim.x (one entry per thread): only the one-per-thread network compiled
-// in, which keeps the other instances' registers out of a kernel that never needs them.
+// Sorts buf[0, count) best first for count <= blockDim.x by rank: thread i counts the entries that rank above
+// its own (candidates are distinct: the ranks are 0 .. count - 1) and writes its entry there. Two barriers and
+// count broadcast shared loads per thread, where the register bitonic network of 128 entries took 28 dependent
+// exchange steps in a loop over run-time strides, 3 of them through shared memory: ~18% of the block kernel's
+// stall samples on 1024 x 50000 k50 (H100, session 14 call 9). Starts and ends with a barrier.
 template <typename Ops>
-__device__ void block_sort_desc_one_per_thread(typename Ops::Type* buf, int count) {
-  const int n = max(kWarpSize, next_pow2_device(count));
-  for (int i = count + threadIdx.x; i < n; i += blockDim.x) buf[i] = Ops::none();
-  register_bitonic_sort_desc<Ops, 1>(buf, n);
+__device__ void block_rank_sort_desc(typename Ops::Type* buf, int count) {
+  using Cand = typename Ops::Type;
+  __syncthreads();  // buf is complete
+  const int i = static_cast<int>(threadIdx.x);
+  const bool active = i < count;
+  const Cand mine = active ? buf[i] : Ops::none();
+  int rank = 0;
+  if (active) {
+    int j = 0;
+    // Four independent compares per step: the loads are broadcasts (every lane reads the same entry).
+    int above[4] = {0, 0, 0, 0};
+    for (; j + 4 <= count; j += 4) {
+#pragma unroll
+      for (int u = 0; u < 4; ++u) above[u] += Ops::better(buf[j + u], mine) ? 1 : 0;
+    }
+    for (; j < count; ++j) above[0] += Ops::better(buf[j], mine) ? 1 : 0;
+    rank = above[0] + above[1] + above[2] + above[3];
+  }
+  __syncthreads();  // every thread has read buf
+  if (active) buf[rank] = mine;
+  __syncthreads();
 }
 
 // Sorts the count (>= k) candidates of buf (capacity >= max(32, next_pow2(count))) and writes the k best as
@@ -453,7 +473,11 @@ __device__ void block_sort_desc_one_per_thread(typename Ops::Type* buf, int coun
 template <typename Ops, typename C, typename TOut>
 __device__ void write_sorted_topk(typename Ops::Type* buf, int count, int k, const RowStats<C>& stats,
                                   bool renormalize, TOut* values, int64_t* indices, C* reduce_scratch) {
-  block_sort_desc<Ops>(buf, count);
+  if (count <= static_cast<int>(blockDim.x)) {
+    block_rank_sort_desc<Ops>(buf, count);
+  } else {
+    block_sort_desc<Ops>(buf, count);
+  }
   const C divisor = probability_divisor(stats);
   C total = C(1);
   if (renormalize) {
