@@ -26,9 +26,9 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   const int64_t row = blockIdx.x;
   RowStats<C> stats;
   typename Ops::Type kth = Ops::none();
-  // Up to one candidate per thread are sorted outright: the register sort of write_sorted_topk costs less
-  // than a radix select down to k first (~3 barriers per digit). H100, session 13 (*session13-c11-*):
-  // 2048 x 8192 k16 -7..-18%, 4096 x 4096 k32 -12..-25%; rows left with more candidates unchanged.
+  // Up to one candidate per thread are sorted outright (write_sorted_topk's rank sort since session 14): less
+  // than a radix select down to k first (~3 barriers per digit). H100, session 13 (*session13-c11-*), with
+  // the register network then: 2048 x 8192 k16 -7..-18%, 4096 x 4096 k32 -12..-25%.
   const int count = Chunk::run(x + row * n, 0, static_cast<int>(n), k, buf, cap, scratch.select, stats, &kth,
                                kBlockThreads);
   stats = block_merge_stats(stats, scratch.stats);
@@ -110,8 +110,8 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   Cand kth = Ops::none();
   int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select,
                          stats, &kth, kBlockThreads);
-  // Up to one candidate per thread is left unselected (as in the block kernel): sorted outright, the chunk's
-  // k best first. Its k-th then bounds the row's k-th best from below.
+  // Up to one candidate per thread is left unselected (as in the block kernel; more were selected down to k):
+  // sorted outright, the chunk's k best first. Its k-th then bounds the row's k-th best from below.
   if (count > k) {
     block_rank_sort_desc<Ops>(buf, count);
     kth = buf[k - 1];
