@@ -3,20 +3,23 @@
 // next tile's loads in flight (raw 16-byte registers) while the current one is filtered:
 //   * the whole tile folds into the thread's online (max, sum) at once (one max check, <= one rescale);
 //   * a value joins the shared-memory candidate buffer only if it can still be in the top k: one unordered
-//     float compare against a bound derived from the threshold key (filter_bound). Tiles are read in index
-//     order, so a later value with the threshold's own key ranks below it (higher index) and is rejected;
+//     compare against a bound derived from the threshold key (filter_bound), for 16-bit inputs two values at
+//     a time on the raw words (raw_tile_take). Tiles are read in index order, so a later value with the
+//     threshold's own key ranks below it (higher index) and is rejected;
 //   * a thread appends its tile's passing values with one shared atomic for its slots (Reserve::kPerLane);
 //   * one barrier per tile (__syncthreads_count) keeps an upper bound of the buffer's fill; only when the
 //     next tile could overflow the buffer is the exact count read, and if needed a block radix select finds
 //     the k-th best candidate, the buffer is compacted to the k best and the threshold rises to it;
 //   * the first tile gets a threshold at once: a lower bound of the k-th best of the per-thread maxima (the
 //     smallest of the warps' ceil(k / W)-th best: at least k distinct values reach it), so a row with small
-//     k never floods the buffer.
+//     k never floods the buffer; long ranges refresh it after 2, 4, 8, ... tiles, and after the last tile
+//     the same floor over the whole range compacts the buffer before the final select.
 // Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTileElems / (T*V) vectors per thread):
 //   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
 //   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
-// Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them), bit
-// b = u*V + j of its take-mask.
+// Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them). Take-mask
+// bits: b = u*V + j (valid_mask, candidate; split_hist uses these), except in run() for 16-bit inputs, which
+// compares 32-bit words: see kPairs.
 // Also here: the block-family CTA's static scratch, and the per-row ticket and (max, sum) merge of the kernels
 // that split a row over several CTAs.
 #pragma once
