@@ -332,9 +332,10 @@ struct ChunkTopk {
   }
 
   // The top min(k, hi - lo) candidates of row x over [lo, hi) (unordered) into buf[0, count), and this
-  // thread's (max, sum) over its share. Returns count. When the chunk held more than max(k, keep) candidates, they are selected down to the k
-  // best and *kth (every thread) gets a radix prefix that exactly those k reach; else all of them stay (a
-  // superset of the k best: keep > k is for a caller that sorts them anyway) and *kth is left alone.
+  // thread's (max, sum) over its share. Returns count. When the chunk held more than max(k, keep) candidates,
+  // they are selected down to the k best and *kth (every thread) gets a radix prefix that exactly those k
+  // reach; else all of them stay (a superset of the k best: keep > k is for a caller that sorts them anyway)
+  // and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
   //
