@@ -46,7 +46,8 @@ struct SplitWorkspace {
 
 // The merging CTA: streams the other chunks' candidates (own chunk `own` is already in buf[0, count)) through
 // the buffer, keeping those at or above `threshold` (a lower bound of the row's k-th best: the own chunk's
-// k-th, or none), compacting when the next step could overflow. Returns the count of the row's k best.
+// k-th, or none), compacting when the next step could overflow. Returns the count of a superset of the row's
+// k best: k of them, or up to kBlockThreads (write_sorted_topk sorts them all).
 template <typename Ops, bool kSideList>
 __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int splits, int own, int k, int cap,
                                       typename Ops::Type threshold, typename Ops::Type* buf, int count,
@@ -79,7 +80,8 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
       __syncthreads();  // every thread has read s.count before the next step appends
     }
   }
-  if (count > k) {
+  // Up to one candidate per thread is left for write_sorted_topk to sort outright (as the chunks do).
+  if (count > k && count > kBlockThreads) {
     const Cand kth = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
     count = block_compact<Ops>(buf, count, kth, s);
   }
