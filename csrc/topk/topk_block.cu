@@ -46,8 +46,7 @@ struct SplitWorkspace {
 
 // The merging CTA: streams the other chunks' candidates (own chunk `own` is already in buf[0, count)) through
 // the buffer, keeping those at or above `threshold` (a lower bound of the row's k-th best: the own chunk's
-// k-th, or none), compacting when the next step could overflow. Returns the count of a superset of the row's
-// k best: k of them, or up to kBlockThreads (write_sorted_topk sorts them all).
+// k-th, or none), compacting when the next step could overflow. Returns the count of the row's k best.
 template <typename Ops, bool kSideList>
 __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int splits, int own, int k, int cap,
                                       typename Ops::Type threshold, typename Ops::Type* buf, int count,
@@ -80,8 +79,7 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
       __syncthreads();  // every thread has read s.count before the next step appends
     }
   }
-  // Up to one candidate per thread is left for write_sorted_topk to sort outright (as the chunks do).
-  if (count > k && count > kBlockThreads) {
+  if (count > k) {
     const Cand kth = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
     count = block_compact<Ops>(buf, count, kth, s);
   }
