@@ -147,11 +147,12 @@ struct ChunkTopk {
   // ---- run()'s view of a tile: the raw 16-byte words, unpacked only where a value's float is needed ----
   // 16-bit types take the tile's maximum and the filter two values at a time from the raw 32-bit words
   // (VHMNMX / HSET2 on sm_90: 7 instructions for the maximum of 16 values instead of 15, 16 for the take
-  // mask instead of ~41), so their take-mask bit of value (u, j) is (j % 2) * 16 + u * 4 + j / 2: word
-  // u * 4 + j / 2, the word's low value in the low 16 bits. Other types: bit u * V + j (valid_mask's and
+  // mask instead of ~41), so their take-mask bit of value (u, j) is pair_bit(u, j): word u * 4 + j / 2, the
+  // word's low value in the low 16 bits, its high value 16 bits above. Other types: bit u * V + j (valid_mask's and
   // candidate's layout, which split_hist also uses).
   static constexpr bool kPairs = sizeof(TIn) == 2;
   static_assert(!kPairs || U * 4 <= 16, "16 words per thread at most: one low and one high mask bit each");
+  static __device__ __forceinline__ constexpr int pair_bit(int u, int j) { return (j % 2) * 16 + u * 4 + j / 2; }
   using Pair = std::conditional_t<std::is_same_v<TIn, __half>, __half2, __nv_bfloat162>;
 
   static __device__ __forceinline__ Pair as_pair(uint32_t w) { return *reinterpret_cast<const Pair*>(&w); }
@@ -214,6 +215,7 @@ struct ChunkTopk {
       uint32_t w[U][4];
       words_of(t, w);
       uint32_t take = 0;
+      // Word i = u * 4 + p holds values (u, 2p) and (u, 2p + 1): pair_bit i and i + 16.
 #pragma unroll
       for (int i = 0; i < U * 4; ++i) take |= __hgtu2_mask(as_pair(w[i / 4][i % 4]), b) & (0x00010001u << i);
       return take;
@@ -232,7 +234,7 @@ struct ChunkTopk {
       for (int u = 0; u < U; ++u) {
 #pragma unroll
         for (int j = 0; j < V; ++j) {
-          if (tile_offset(u, j) < valid) mask |= 1u << ((j % 2) * 16 + u * 4 + j / 2);
+          if (tile_offset(u, j) < valid) mask |= 1u << pair_bit(u, j);
         }
       }
       return mask;
@@ -241,7 +243,7 @@ struct ChunkTopk {
     }
   }
 
-  // The candidate of take-mask bit b in run()'s layout.
+  // The candidate of take-mask bit b in run()'s layout (pair_bit's inverse for 16-bit types).
   static __device__ __forceinline__ Cand raw_candidate(const RawTile& t, int b, int t0) {
     if constexpr (kPairs) {
       const unsigned bit = static_cast<unsigned>(b);

@@ -139,11 +139,6 @@ __device__ __forceinline__ C probability_divisor(const RowStats<C>& s) {
   return s.max == neg_inf<C>() ? quiet_nan<C>() : s.sum;
 }
 
-template <typename C>
-__device__ __forceinline__ RowStats<C> shfl_xor_stats(const RowStats<C>& s, int lane_mask, int width) {
-  return {__shfl_xor_sync(kFullMask, s.max, lane_mask, width), __shfl_xor_sync(kFullMask, s.sum, lane_mask, width)};
-}
-
 // Block-wide merge in a fixed order (deterministic); every thread gets the result. scratch >= 32 entries.
 // The block's max first (no exp), then each thread's sum rescaled once to it (one expf) and added up: the tree
 // of pairwise merges it replaces took two expf per level, ~24 per thread, on every row of the block kernels.
