@@ -6,6 +6,7 @@
 // chunks' candidates through its buffer (the result is the exact top k of a total order, so it does not
 // depend on which CTA merges), merges the (max, sum) in chunk order (deterministic), sorts and writes.
 #include "topk_chunk.cuh"
+#include "topk_dependent_launch.cuh"
 #include "topk_launch.h"
 
 namespace softmax_ops::topk {
@@ -122,6 +123,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   Cand* out = row_cand + static_cast<int64_t>(part) * k;
   for (int r = threadIdx.x; r < k; r += blockDim.x) out[r] = r < count ? buf[r] : Ops::none();
   if (threadIdx.x == 0) ws.stats[row * splits + part] = stats;
+  wait_for_prerequisite_grid();  // the zero kernel's tickets
   if (!took_last_ticket(ws.tickets + row, splits, &scratch.merges)) return;
 
   stats = merged_row_stats(ws.stats + row * splits, splits, scratch.stats);
@@ -158,16 +160,19 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
   ws.cand = reinterpret_cast<Cand*>(base + layout.cand_offset);
   ws.stats = reinterpret_cast<RowStats<C>*>(base + layout.stats_offset);
   ws.tickets = reinterpret_cast<unsigned*>(base + layout.tickets_offset);
-  // The tickets start at 0 (the workspace comes uninitialised from the caching allocator). A memset node:
-  // legal in CUDA graph capture, and far cheaper than the second kernel it replaces.
-  cudaError_t err = cudaMemsetAsync(ws.tickets, 0, static_cast<size_t>(problem.rows) * sizeof(unsigned), stream);
+  // The tickets start at 0 (the workspace comes uninitialised from the caching allocator): a zero kernel, and the
+  // split_row kernel as its programmatic dependent (topk_dependent_launch.cuh), whose CTAs wait for it only
+  // before they take a ticket.
+  cudaError_t err = launch_zero_words(ws.tickets, problem.rows, stream);
   if (err != cudaSuccess) return err;
   const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads>;
   err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
-  kernel<<<static_cast<unsigned>(problem.rows * splits), kBlockThreads, smem, stream>>>(
-      x, values, ptrs.indices, problem.n, k, cap, chunk, splits, problem.renormalize, ws);
-  return cudaGetLastError();
+  bool programmatic = false;
+  err = query_programmatic_launch(&programmatic);
+  if (err != cudaSuccess) return err;
+  return launch_dependent(programmatic, kernel, static_cast<unsigned>(problem.rows * splits), smem, stream, x, values,
+                          ptrs.indices, problem.n, k, cap, chunk, splits, problem.renormalize, ws);
 }
 
 }  // namespace

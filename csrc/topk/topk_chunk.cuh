@@ -443,14 +443,20 @@ struct BlockScratch {
 
 // Makes this CTA's workspace writes visible device-wide, then takes a ticket of its row. True (in every
 // thread) for the CTA that took the row's last ticket: every other chunk's results are then visible to it.
+// One thread's acquire-release atomic after a CTA barrier, instead of a fence in every thread: the barrier
+// orders the CTA's writes before the release (the PTX memory model's causality order is cumulative), and the
+// barrier after it orders every thread's later reads after the acquire. The workspace is read with ld.cg
+// (L2), never through a possibly stale L1. H100, 2026-11-22 (*session15-c3-compare-ticket*): split_hist
+// 1 x 128256 k50 -3..-9%, split_row 8 x 65536 k16 -2.5%, the other split shapes -0.1..-1%.
 __device__ __forceinline__ bool took_last_ticket(unsigned* ticket, int splits, int* merges) {
-  __threadfence();  // release: this thread's writes before the ticket
-  __syncthreads();  // ...for every thread of the CTA
-  if (threadIdx.x == 0) *merges = atomicAdd(ticket, 1u) == static_cast<unsigned>(splits - 1) ? 1 : 0;
   __syncthreads();
-  const bool last = *merges != 0;
-  if (last) __threadfence();  // acquire: the other CTAs' results are read after their tickets
-  return last;
+  if (threadIdx.x == 0) {
+    unsigned before;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(before) : "l"(ticket) : "memory");
+    *merges = before == static_cast<unsigned>(splits - 1) ? 1 : 0;
+  }
+  __syncthreads();
+  return *merges != 0;
 }
 
 // The merging CTA: the row's (max, sum) from every chunk in chunk order (thread t merges chunks t, t + T,

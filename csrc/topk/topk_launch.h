@@ -106,7 +106,7 @@ inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
 }
 inline int64_t split_count(int64_t n, int64_t splits) { return chunk_count(n, split_chunk_elems(n, splits)); }
 // Per (row, chunk): k candidates, then per (row, chunk) the chunk's (max, sum) as two compute-type values
-// (16-byte slots), then per row a 32-bit ticket (zeroed by the launch function before the kernel).
+// (16-byte slots), then per row a 32-bit ticket (zeroed by a kernel launched in front of it).
 struct SplitWorkspaceLayout {
   size_t cand_offset = 0;
   size_t stats_offset = 0;

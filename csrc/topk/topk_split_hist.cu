@@ -22,6 +22,7 @@
 #include <utility>
 
 #include "topk_chunk.cuh"
+#include "topk_dependent_launch.cuh"
 #include "topk_launch.h"
 
 namespace softmax_ops::topk {
@@ -42,60 +43,6 @@ struct SplitHistWorkspace {
   RowStats<C>* chunk_stats;             // [rows][splits]
   typename CandFor<C>::Type* lists;     // [rows][cap]
 };
-
-// Programmatic dependent launch (sm_90+): launch 1 lets launch 2's CTAs be scheduled at once; launch 2 waits
-// for launch 1's completion and memory before it reads anything launch 1 wrote. Without the launch attribute
-// (older GPUs) both are no-ops in effect: launch 2 starts after launch 1 as usual.
-__device__ __forceinline__ void allow_dependent_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_prerequisite_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Zeroes the row states and histograms (16-byte words) before launch 1. A kernel rather than a memset so that
-// launch 1 can be a programmatic dependent launch of it: launch 1's CTAs read their chunks and build their
-// shared-memory histograms meanwhile, and wait only before adding them into the zeroed global ones.
-__global__ void split_hist_zero_kernel(uint4* words, int64_t count) {
-  allow_dependent_launch();
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    words[i] = make_uint4(0u, 0u, 0u, 0u);
-  }
-}
-
-// Whether the current device takes programmatic dependent launches (sm_90+).
-cudaError_t query_programmatic_launch(bool* supported) {
-  int device = 0;
-  int major = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  *supported = err == cudaSuccess && major >= 9;
-  return err;
-}
-
-// Launches kernel<<<blocks, kBlockThreads, smem, stream>>>(args...) as a programmatic dependent launch of the
-// stream's previous kernel where `programmatic` (its CTAs may start before that kernel ends and must call
-// wait_for_prerequisite_grid before touching its results), as an ordinary launch elsewhere.
-template <typename... Params, typename... Args>
-cudaError_t launch_dependent(bool programmatic, void (*kernel)(Params...), unsigned blocks, size_t smem,
-                             cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(kBlockThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  config.attrs = attribute;
-  config.numAttrs = programmatic ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
-}
 
 // The histogram bin of an order key: its top kHistBits bits (monotone in the key).
 template <typename Key>
@@ -322,10 +269,8 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   ws.lists = reinterpret_cast<Cand*>(base + layout.list_offset);
   // Row states and histograms start at 0 (the workspace comes uninitialised from the caching allocator).
   static_assert(kSplitHistStateBytes % 16 == 0 && kHistBins * sizeof(int) % 16 == 0, "whole 16-byte words");
-  const auto words = static_cast<int64_t>(layout.chunk_stats_offset / 16);
-  const auto zero_blocks = static_cast<unsigned>(std::min<int64_t>((words + kBlockThreads - 1) / kBlockThreads, 1024));
-  split_hist_zero_kernel<<<zero_blocks, kBlockThreads, 0, stream>>>(reinterpret_cast<uint4*>(base), words);
-  cudaError_t err = cudaGetLastError();
+  cudaError_t err = launch_zero_words(reinterpret_cast<uint4*>(base), static_cast<int64_t>(layout.chunk_stats_offset / 16),
+                                      stream);
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
