@@ -201,3 +201,18 @@ def test_fused_topk_takes_one_cta_per_row_from_0_6_rows_per_sm(shape, k, kernel)
     session 14: block beat split_row on 96-256 rows, lost on 64)."""
     text = softmax_ops.explain(shape, torch.float16, op="fused_topk", k=k)
     assert f"kernel '{kernel}'" in text, text
+
+
+@pytest.mark.parametrize("shape,k,ctas_per_row", [
+    ((64, 151936), 50, 4),    # 30.6 / 31.4 us (fp16 / fp32) against 30.9 / 34.8 with 8 chunks
+    ((16, 262144), 50, 16),   # 23.6-24.1 / 23.1-23.9 against 29.2-29.5 / 31.6-31.8 with 32
+    ((32, 131072), 64, 8),
+    ((4, 1048576), 50, 64),
+    ((8, 65536), 16, 16),     # n / 4096: the chunk floor, not the CTA budget, sets it
+])
+def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_row):
+    """csrc/topk/topk_dispatch.cpp, split_row_max_ctas_per_sm: at most 2 CTAs per SM over all rows, in chunks
+    of whole tiles (H100, session 15: fewer, longer chunks beat 4 CTAs per SM on every split shape measured)."""
+    text = softmax_ops.explain(shape, torch.float16, op="fused_topk", k=k)
+    assert "kernel 'split_row'" in text and f"({ctas_per_row} CTAs per row of " in text, text
+    assert shape[0] * ctas_per_row <= 2 * SM_COUNT

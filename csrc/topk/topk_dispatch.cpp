@@ -67,9 +67,16 @@ struct TopkHeuristics {
   int64_t block_min_rows_per_100_sms = 60;
   // backward: rows below this many per SM split (its own kernels; not re-measured with the forward's change).
   int64_t backward_block_min_rows_per_sm = 2;
-  // split_row: aim for this many CTAs per SM; each chunk >= max(split_min_chunk, split_chunk_per_k * k)
-  // elements (one tile at least), since every chunk writes k candidates that the row's merge reads back.
-  int64_t split_target_ctas_per_sm = 4;
+  // split_row: at most this many CTAs per SM over all rows (chunks per row rounded down; rounding the chunks up
+  // to whole tiles can only lower it), each chunk >= max(split_min_chunk, split_chunk_per_k * k) elements (one
+  // tile at least), since every chunk writes k candidates that the row's merge reads back. Fewer, longer
+  // chunks: a chunk's epilogue and the row merge cost more than the streaming the extra CTAs would overlap.
+  // H100, 2026-11-22 (*session15-c4-split-chunking*, split_row forced, two runs, fp16 / fp32 us), 2 (rounded
+  // down) against the 4 (rounded up) before: 16 x 262144 k50 29.2-29.5 / 31.6-31.8 -> 23.6-24.1 / 23.1-23.9,
+  // 32 x 131072 k64 28.8-28.9 / 31.2-31.4 -> 24.1 / 23.5-23.6, 4 x 1048576 k50 38.1-38.3 / 42.5-42.6 -> 27.2 /
+  // 28.0, 48 x 100000 k50 30.1-30.3 / 30.7-30.8 -> 24.7-24.8 / 24.2, 64 x 151936 k50 (4 chunks instead of 8)
+  // 30.8-31.0 / 34.7-34.8 -> 30.6 / 31.4-31.5; 8 x 65536, 16 x 65536, 32 x 32768, 2 x 262144 keep their plans.
+  int64_t split_row_max_ctas_per_sm = 2;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
@@ -93,8 +100,10 @@ struct TopkHeuristics {
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
   int64_t radix_min_chunk = 16384;
-  // backward: block CTAs of one thread per 16-byte vector (32..512); split for few rows like split_row.
+  // backward: block CTAs of one thread per 16-byte vector (32..512); split for few rows into chunks of at
+  // least backward_min_chunk, aiming for backward_split_target_ctas_per_sm CTAs per SM.
   int64_t backward_min_chunk = 16384;
+  int64_t backward_split_target_ctas_per_sm = 4;
 };
 constexpr TopkHeuristics kHeuristics{};
 
@@ -162,7 +171,8 @@ bool block_rows_enough(int64_t rows, const TopkDeviceProps& props) {
 
 int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDeviceProps& props) {
   const int64_t min_chunk = std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k);
-  return splits_for(rows, n, kHeuristics.split_target_ctas_per_sm, min_chunk, props);
+  const int64_t most = kHeuristics.split_row_max_ctas_per_sm * props.sm_count / std::max<int64_t>(rows, 1);
+  return std::max<int64_t>(1, std::min(most, n / min_chunk));
 }
 
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
@@ -245,7 +255,7 @@ TopkBackwardPlan backward_plan_for(TopkBackwardKernel kernel, int64_t rows, int6
   plan.threads = backward_threads(n, dtype);
   if (kernel == TopkBackwardKernel::kSplit) {
     plan.splits = std::max<int64_t>(
-        forced ? 2 : 1, splits_for(rows, n, kHeuristics.split_target_ctas_per_sm, kHeuristics.backward_min_chunk, props));
+        forced ? 2 : 1, splits_for(rows, n, kHeuristics.backward_split_target_ctas_per_sm, kHeuristics.backward_min_chunk, props));
     plan.threads = backward_threads(backward_chunk_elems(n, plan.splits), dtype);
     plan.workspace_bytes = static_cast<size_t>(rows) * static_cast<size_t>(backward_split_count(n, plan.splits)) * 16;
   }
