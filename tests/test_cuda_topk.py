@@ -344,6 +344,29 @@ def test_split_row_merge_compacts_many_chunk_candidates():
 
 
 @requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", [(1000, 8), (4096, 1), (9000, 50)])
+def test_block_kernel_on_many_rows_with_special_rows_between(n, k, dtype):
+    """The block kernel on more rows than its CTAs fit on the GPU at once (1200 against 528 on an H100), one
+    of every 97 a special-value row among ordinary ones: rows shorter than a tile, of exactly one and of
+    ragged tiles; aligned (16-byte loads) and misaligned (scalar loads). Indices exact everywhere, values
+    within 2x torch's error on the ordinary rows."""
+    rows = 1200
+    x = distinct_rows(rows, n, torch.float64, seed=n + k, device="cpu")
+    generator = torch.Generator().manual_seed(n)
+    special = list(range(3, rows, 97))
+    for i, r in enumerate(special):
+        x[r] = special_row(SPECIAL_ROWS[i % len(SPECIAL_ROWS)], n, generator)
+    x = x.to(dtype).cuda()
+    ordinary = torch.ones(rows, dtype=torch.bool)
+    ordinary[special] = False
+    for layout in (x, misaligned(x)):
+        values, ref_values = check_reference_order(layout, k, "block", False)
+        assert_within_2x_torch(values[ordinary.cuda()], torch_topk(layout, k, -1, False)[ordinary.cuda()],
+                               ref_values[ordinary])
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 def test_split_hist_mass_ties_take_the_exact_fallback(dtype):
     """split_hist lists the values at or above the histogram bin of the k-th best; where that bin holds more
