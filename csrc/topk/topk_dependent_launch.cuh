@@ -47,7 +47,8 @@ __global__ void zero_words_kernel(Word* words, int64_t count) {
 // Launches zero_words_kernel over `count` words (at most 1024 CTAs of kBlockThreads: a grid-stride loop).
 template <typename Word>
 cudaError_t launch_zero_words(Word* words, int64_t count, cudaStream_t stream) {
-  const auto blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((count + kBlockThreads - 1) / kBlockThreads, 1024)));
+  const int64_t wanted = (count + kBlockThreads - 1) / kBlockThreads;
+  const auto blocks = static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(wanted, 1024)));
   zero_words_kernel<Word><<<blocks, kBlockThreads, 0, stream>>>(words, count);
   return cudaGetLastError();
 }

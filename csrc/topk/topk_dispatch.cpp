@@ -254,8 +254,9 @@ TopkBackwardPlan backward_plan_for(TopkBackwardKernel kernel, int64_t rows, int6
   plan.kernel = kernel;
   plan.threads = backward_threads(n, dtype);
   if (kernel == TopkBackwardKernel::kSplit) {
-    plan.splits = std::max<int64_t>(
-        forced ? 2 : 1, splits_for(rows, n, kHeuristics.backward_split_target_ctas_per_sm, kHeuristics.backward_min_chunk, props));
+    const int64_t splits = splits_for(rows, n, kHeuristics.backward_split_target_ctas_per_sm,
+                                      kHeuristics.backward_min_chunk, props);
+    plan.splits = std::max<int64_t>(forced ? 2 : 1, splits);
     plan.threads = backward_threads(backward_chunk_elems(n, plan.splits), dtype);
     plan.workspace_bytes = static_cast<size_t>(rows) * static_cast<size_t>(backward_split_count(n, plan.splits)) * 16;
   }

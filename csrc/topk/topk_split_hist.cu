@@ -269,8 +269,8 @@ cudaError_t launch_split_hist_kernels(const TopkProblem& problem, const TopkPlan
   ws.lists = reinterpret_cast<Cand*>(base + layout.list_offset);
   // Row states and histograms start at 0 (the workspace comes uninitialised from the caching allocator).
   static_assert(kSplitHistStateBytes % 16 == 0 && kHistBins * sizeof(int) % 16 == 0, "whole 16-byte words");
-  cudaError_t err = launch_zero_words(reinterpret_cast<uint4*>(base), static_cast<int64_t>(layout.chunk_stats_offset / 16),
-                                      stream);
+  const auto words = static_cast<int64_t>(layout.chunk_stats_offset / 16);
+  cudaError_t err = launch_zero_words(reinterpret_cast<uint4*>(base), words, stream);
   if (err != cudaSuccess) return err;
   const auto* x = static_cast<const TIn*>(ptrs.x);
   const auto blocks = static_cast<unsigned>(problem.rows * splits);
