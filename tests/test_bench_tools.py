@@ -1,8 +1,9 @@
-"""The benchmark tools that read committed bench JSON (no GPU, no torch): the A/B comparison and the README
-table's refusal to merge files of different GPUs."""
+"""The benchmark tools that read committed bench JSON or profiler exports (no GPU, no torch): the A/B comparison,
+the README table's refusal to merge files of different GPUs, and the Nsight Compute stall-sample summary."""
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 def load_tool(name: str):
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class body runs
     spec.loader.exec_module(module)
     return module
 
@@ -102,3 +104,26 @@ def test_readme_table_refuses_files_of_different_gpus(tmp_path):
     second = write_run(tmp_path / "b.json", "NVIDIA H200", [row("softmax", "fp16", "8x8", 1.0)])
     with pytest.raises(ValueError, match="H200"):
         make_readme_table.load([first, second])
+
+
+def test_ncu_segments_cuts_after_barriers_and_lists_the_sampled_stretches(tmp_path):
+    ncu_segments = load_tool("ncu_segments")
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
+              "Instructions Executed"]
+    body = [  # offsets from 0x7f00: two stretches cut after the barrier, the second one tiny
+        ("0x7f00", "LDG.E.128 R4, desc[UR4][R2.64]", 30, 8),
+        ("0x7f10", "FADD R6, R4, R5", 50, 8),
+        ("0x7f20", "@!P0 BAR.SYNC.DEFER_BLOCKING 0x0", 15, 8),
+        ("0x7f30", "STG.E [R2.64], R6", 1, 8),
+        ("0x7f40", "EXIT", 0, 8),
+    ]
+    path = tmp_path / "source.csv"
+    lines = ['"Kernel Name","void my_kernel(float *)"', ",".join(f'"{h}"' for h in header)]
+    lines += [",".join(f'"{v}"' for v in (a, s, n, n, e)) for a, s, n, e in body]
+    path.write_text("\n".join(lines) + "\n")
+    title, instructions = ncu_segments.read_source_csv(str(path))
+    assert title == "void my_kernel(float *)" and [i.offset for i in instructions] == [0, 0x10, 0x20, 0x30, 0x40]
+    assert [len(s) for s in ncu_segments.segments(instructions)] == [3, 2]
+    out = ncu_segments.summary(title, instructions, min_share=0.05)
+    assert out[1] == "total samples 96 warp instructions executed 40"
+    assert len(out) == 3 and out[2].startswith("00000-00020 samples     95 (99.0%) exec       24 | 00010 FADD")
