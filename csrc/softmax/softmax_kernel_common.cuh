@@ -6,8 +6,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <mutex>
-#include <set>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -15,6 +13,7 @@
 #include "softmax_launch.h"
 #include "softmax_math.cuh"
 #include "softmax_ops/device_utils.cuh"
+#include "softmax_ops/launch_utils.h"
 
 namespace softmax_ops::detail {
 
@@ -254,14 +253,6 @@ cudaError_t dispatch_row_op(const SoftmaxProblem& problem, F&& fn) {
   return result;
 }
 
-// Calls fn(std::integral_constant<int, V>) for the V in `candidates` equal to `value`.
-template <int... Vs, typename F>
-cudaError_t dispatch_int(std::integer_sequence<int, Vs...>, int value, F&& fn) {
-  cudaError_t result = cudaErrorInvalidValue;
-  ((value == Vs ? (result = fn(std::integral_constant<int, Vs>{}), true) : false) || ...);
-  return result;
-}
-
 // Vector widths: a 16-byte pack of In, or single elements (unaligned pointers or n not a multiple).
 template <typename In, typename F>
 cudaError_t dispatch_vec(int vec, F&& fn) {
@@ -270,32 +261,5 @@ cudaError_t dispatch_vec(int vec, F&& fn) {
 
 // Registers-per-thread buckets of the warp and block kernels (runtime masking covers sizes in between).
 using RegPackBuckets = std::integer_sequence<int, 1, 2, 4, 8>;
-
-// Launch with dynamic shared memory above the 48 KB default: the opt-in must be set per function, per
-// device. It is set once per (kernel, device) to the device's maximum (the launch still requests only what
-// it uses), so racing host threads all write the same value and no launch sees a smaller limit than it
-// needs. Keyed by the kernel's address: instantiations of one signature share a function-pointer type.
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> configured;
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
-  std::lock_guard<std::mutex> lock(mutex);
-  if (configured.count(key) != 0) return cudaSuccess;
-  int optin = 0;
-  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes attributes{};
-  err = cudaFuncGetAttributes(&attributes, kernel);
-  if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             optin - static_cast<int>(attributes.sharedSizeBytes));
-  if (err == cudaSuccess) configured.insert(key);
-  return err;
-}
 
 }  // namespace softmax_ops::detail

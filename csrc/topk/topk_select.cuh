@@ -417,28 +417,6 @@ __device__ void register_bitonic_sort_desc(typename Ops::Type* buf, int n) {
   __syncthreads();
 }
 
-// Sorts buf[0, count) best first (capacity >= max(32, next_pow2(count))): in registers where the padded
-// length fits kRegisterSortMaxPerThread per thread, else the shared-memory network. Returns the sorted length
-// (entries past count are none). Starts and ends with a barrier.
-template <typename Ops>
-__device__ int block_sort_desc(typename Ops::Type* buf, int count) {
-  const int n = max(kWarpSize, next_pow2_device(count));
-  for (int i = count + threadIdx.x; i < n; i += blockDim.x) buf[i] = Ops::none();
-  const int threads = static_cast<int>(blockDim.x);
-  if (n <= threads) {
-    register_bitonic_sort_desc<Ops, 1>(buf, n);
-  } else if (n <= 2 * threads) {
-    register_bitonic_sort_desc<Ops, 2>(buf, n);
-  } else if (n <= 4 * threads) {
-    register_bitonic_sort_desc<Ops, 4>(buf, n);
-  } else if (n <= kRegisterSortMaxPerThread * threads) {
-    register_bitonic_sort_desc<Ops, kRegisterSortMaxPerThread>(buf, n);
-  } else {
-    block_bitonic_sort_desc<Ops>(buf, n);
-  }
-  return n;
-}
-
 // Sorts buf[0, count) best first for count <= blockDim.x by rank: thread i counts the entries that rank above
 // its own (candidates are distinct: the ranks are 0 .. count - 1) and writes its entry there. Two barriers and
 // count broadcast shared loads per thread, where the register bitonic network of 128 entries took 28 dependent
@@ -468,16 +446,35 @@ __device__ void block_rank_sort_desc(typename Ops::Type* buf, int count) {
   __syncthreads();
 }
 
+// Sorts buf[0, count) best first (capacity >= max(32, next_pow2(count))): up to one entry per thread by rank,
+// in registers where the padded length fits kRegisterSortMaxPerThread per thread, else the shared-memory
+// network (entries past count up to the padded length become none). Starts and ends with a barrier.
+template <typename Ops>
+__device__ void block_sort_desc(typename Ops::Type* buf, int count) {
+  const int threads = static_cast<int>(blockDim.x);
+  if (count <= threads) {
+    block_rank_sort_desc<Ops>(buf, count);
+    return;
+  }
+  const int n = next_pow2_device(count);
+  for (int i = count + threadIdx.x; i < n; i += blockDim.x) buf[i] = Ops::none();
+  if (n <= 2 * threads) {
+    register_bitonic_sort_desc<Ops, 2>(buf, n);
+  } else if (n <= 4 * threads) {
+    register_bitonic_sort_desc<Ops, 4>(buf, n);
+  } else if (n <= kRegisterSortMaxPerThread * threads) {
+    register_bitonic_sort_desc<Ops, kRegisterSortMaxPerThread>(buf, n);
+  } else {
+    block_bitonic_sort_desc<Ops>(buf, n);
+  }
+}
+
 // Sorts the count (>= k) candidates of buf (capacity >= max(32, next_pow2(count))) and writes the k best as
 // probabilities exp(x - max) / sum (renormalised: divided by their fp32/fp64 sum, rounded once) and indices.
 template <typename Ops, typename C, typename TOut>
 __device__ void write_sorted_topk(typename Ops::Type* buf, int count, int k, const RowStats<C>& stats,
                                   bool renormalize, TOut* values, int64_t* indices, C* reduce_scratch) {
-  if (count <= static_cast<int>(blockDim.x)) {
-    block_rank_sort_desc<Ops>(buf, count);
-  } else {
-    block_sort_desc<Ops>(buf, count);
-  }
+  block_sort_desc<Ops>(buf, count);
   const C divisor = probability_divisor(stats);
   C total = C(1);
   if (renormalize) {

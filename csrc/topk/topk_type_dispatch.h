@@ -1,5 +1,5 @@
 // fused_topk host-side template dispatch, used by the .cu launch functions: dtype tags, the forward's
-// (input, output) dtype pairs and load width, compile-time integer choices, large dynamic shared memory.
+// (input, output) dtype pairs and load width; dispatch_int and allow_dynamic_smem from softmax_ops/launch_utils.h.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "softmax_ops/device_utils.cuh"
+#include "softmax_ops/launch_utils.h"
 
 namespace softmax_ops::topk {
 
@@ -53,20 +54,7 @@ cudaError_t dispatch_forward_instance(const Problem& problem, const Plan& plan, 
   });
 }
 
-// Calls f(std::integral_constant<int, V>{}) for the V of Vs equal to value (cudaErrorInvalidValue if none).
-template <int... Vs, typename F>
-cudaError_t dispatch_int(int value, F&& f) {
-  cudaError_t result = cudaErrorInvalidValue;
-  static_cast<void>(((value == Vs ? (result = f(std::integral_constant<int, Vs>{}), true) : false) || ...));
-  return result;
-}
-
-// Lets a kernel use more than 48 KB of dynamic shared memory. Called before every such launch: a cheap host
-// call, legal during CUDA graph capture, and correct on every device of a multi-GPU process.
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-}
+using detail::allow_dynamic_smem;  // softmax_ops/launch_utils.h
+using detail::dispatch_int;
 
 }  // namespace softmax_ops::topk
