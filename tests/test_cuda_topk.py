@@ -471,7 +471,8 @@ def test_forced_kernel_is_deterministic(kernel):
 @requires_cuda
 @pytest.mark.parametrize("kernel", TOPK_KERNELS)
 def test_forced_kernel_cuda_graph_capture(kernel):
-    """No host sync and caching-allocator-only workspaces: capture, replay on new data, compare."""
+    """No host sync and caching-allocator-only workspaces: capture, replay on new data, compare. Replayed twice:
+    the split kernels' row tickets must start from zero on every replay, not only on the first."""
     n, k = (500, 8) if kernel in ("warp", "rows") else (9000, 30)
     x = (torch.randn(4, n, generator=torch.Generator().manual_seed(4)) * 3).cuda()
     with softmax_ops.force_kernel("topk", kernel):
@@ -479,13 +480,14 @@ def test_forced_kernel_cuda_graph_capture(kernel):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             values, indices = softmax_ops.fused_topk(x, k, -1, True)
-        x.copy_((torch.randn(4, n, generator=torch.Generator().manual_seed(6)) * 3).cuda())
-        graph.replay()
-        torch.cuda.synchronize()
-        expected = softmax_ops.fused_topk(x, k, -1, True)
-    assert torch.equal(indices, expected[1]) and torch.equal(values, expected[0])
-    # ... and the replay is right, not only repeatable: the independent reference on the new data.
-    assert torch.equal(indices.cpu(), topk_reference(x, k, -1, True)[1])
+        for seed in (6, 7):
+            x.copy_((torch.randn(4, n, generator=torch.Generator().manual_seed(seed)) * 3).cuda())
+            graph.replay()
+            torch.cuda.synchronize()
+            expected = softmax_ops.fused_topk(x, k, -1, True)
+            assert torch.equal(indices, expected[1]) and torch.equal(values, expected[0])
+            # ... and the replay is right, not only repeatable: the independent reference on the new data.
+            assert torch.equal(indices.cpu(), topk_reference(x, k, -1, True)[1])
 
 
 @requires_cuda
