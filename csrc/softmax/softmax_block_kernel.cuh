@@ -10,12 +10,13 @@
 //     `smem_packs` in dynamic shared memory (its own slots only, so the cache needs no barrier).
 //
 //   reduction: warp butterfly -> per-warp partials in shared memory -> every warp merges the partials
-//   with the same butterfly (block_all_reduce); with C > 1, thread 0 publishes the CTA's result, cluster barrier, warp 0 reads the C
-//   results through distributed shared memory (DSMEM) and merges them with a fixed butterfly, so every
-//   CTA of the cluster gets bitwise the same row result. A grid group publishes its results to a global
-//   workspace [rows][C] instead, and a grid barrier replaces the cluster barrier; every CTA of the row
-//   then merges the C results in the same fixed order (lane i folds results i, i + 32, ..., then a
-//   butterfly), so it too gets bitwise the same row result.
+//   with the same butterfly (block_all_reduce); with C > 1 in a cluster, lane i of warp 0 writes the CTA's
+//   result into peer i's inbox through distributed shared memory (ClusterInbox: st.async, counted on the
+//   peer's mbarrier), warp 0 waits for its own inbox to fill and merges the C results with a fixed
+//   butterfly, so every CTA of the cluster gets bitwise the same row result. A grid group publishes its
+//   results to a global workspace [rows][C] instead, then a grid barrier; every CTA of the row then merges
+//   the C results in the same fixed order (lane i folds results i, i + 32, ..., then a butterfly), so it
+//   too gets bitwise the same row result.
 //
 //   kStreamRest (grid groups whose chunk exceeds what a CTA can cache; few rows of millions of elements):
 //   the cache holds the first threads x (PREG + smem_packs) packs of the chunk, the rest is folded straight
@@ -23,10 +24,9 @@
 //   has it, see write_packs) before the cached part is written. The same CTA reads its chunk both times,
 //   and one launch replaces split_row's two (the dispatcher's rule: grid_group_streamed).
 //
-// Shared buffers alternate by row parity, which lets one barrier per step protect them (see
-// block_all_reduce). A CTA must not exit while a peer may still read its shared memory: after reading its
-// peers a CTA arrives on a cluster barrier (relaxed, no wait), and it waits on it before its next arrival
-// and before exit, so the row's stores overlap the barrier.
+// Shared buffers (and inbox slots) alternate by row parity, which lets one barrier per step protect them
+// (see block_all_reduce and ClusterInbox). A cluster CTA exits only after its inbox received every peer's
+// last result, so no peer writes into the shared memory of an exited CTA.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -50,20 +50,9 @@ __device__ __forceinline__ ClusterPosition cluster_position() {
 #endif
 }
 
-__device__ __forceinline__ void cluster_barrier() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  cooperative_groups::this_cluster().sync();  // arrive.release + wait.acquire: shared writes become visible
-#else
-  __syncthreads();
-#endif
-}
-
-// A split cluster barrier for "I have finished reading my peers' shared memory": arrive without release
-// semantics (nothing of this CTA's needs publishing), wait later (before exit, or before the next arrival).
-// The release form compiles to MEMBAR.ALL.GPU, which waits for every store of the CTA to drain: as the
-// kernel's exit barrier it kept each CTA of a cluster alive until its row's stores had landed. H200,
-// 2026-11-22 (benchmarks/micro/few_rows_sync.cu, 4 x 16384 fp16): a cluster of 16 with this arrive/wait
-// pair took 5.7 us against 6.6 us for the grid group's barrier.
+// The cluster barrier split in two, with relaxed arrival: ClusterInbox's set-up (mbarriers initialised, then
+// fence.mbarrier_init) is all a peer needs to see before it may send, and the wait comes late, after the
+// CTA's loads and reduction.
 __device__ __forceinline__ void cluster_arrive_relaxed() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -77,14 +66,80 @@ __device__ __forceinline__ void cluster_wait() {
 #endif
 }
 
-template <typename T>
-__device__ __forceinline__ T read_peer_shared(T* local, unsigned rank) {
+// A row's partial results within a cluster, pushed rather than pulled: each CTA writes its (block-reduced)
+// partial into slot [parity][its rank] of every peer's inbox with st.async, which also counts the bytes on
+// that peer's mbarrier for the row's parity; each CTA waits on its own mbarrier only, then merges its slots in
+// rank order (bitwise the same row result in every CTA). No cluster-wide barrier per row: the pulled form
+// (publish, cluster barrier with release / acquire, read the peers through distributed shared memory) spent
+// 11% of a 4 x 16384 fp16 launch's stall samples in the release's ERRBAR alone and another 17% waiting at the
+// barrier and its convergence (Nsight Compute, H100, session 16, *session16-c6-ncu-softmax-cluster-*). A/B
+// against the pulled form (H100, session 16 call 9, three interleaved runs, *session16-c9-compare-inbox-*):
+// softmax 4 x 16384 .. 4 x 114688 -2..-13%, softmax_backward -4..-12%, 64 x 151936 softmax_backward (clusters of
+// 2) -2..-7%; float32 64 x 151936 softmax (a grid group, the same instance) +4%, 2048 x 131072 +1.6%.
+// Slots alternate by row parity: a peer can send row r + 2 only after it received this CTA's row r + 1
+// partial, which this CTA sends after it has read its row r slots. A CTA exits only after receiving every
+// peer's last partial, so no peer writes into an exited CTA.
+template <typename Acc>
+struct ClusterInbox {
+  Acc slot[2][kMaxClusterCtas];
+  unsigned long long arrived[2];  // mbarriers: one arrival (this CTA's expect) + the bytes of every partial
+
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  return *cooperative_groups::this_cluster().map_shared_rank(local, rank);
+  static __device__ __forceinline__ uint32_t local_address(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  }
+  static __device__ __forceinline__ uint32_t peer_address(uint32_t local, unsigned rank) {
+    uint32_t remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+    return remote;
+  }
+
+  // Thread 0, before the CTA's cluster_arrive_relaxed (every CTA waits on that barrier before its first send).
+  __device__ __forceinline__ void init() {
+#pragma unroll
+    for (int p = 0; p < 2; ++p) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(local_address(&arrived[p])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  // Thread 0: this CTA's arrival for the row of `parity`, expecting `senders` partials.
+  __device__ __forceinline__ void expect(int parity, unsigned senders) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(local_address(&arrived[parity])),
+                 "r"(static_cast<uint32_t>(senders * sizeof(Acc)))
+                 : "memory");
+  }
+  // This CTA's partial (sender rank `from`) into slot [parity][from] of peer `to`.
+  __device__ __forceinline__ void send(const Acc& partial, int parity, unsigned from, unsigned to) {
+    static_assert(sizeof(Acc) % sizeof(uint32_t) == 0, "sent as 32-bit words");
+    const uint32_t slot_address = peer_address(local_address(&slot[parity][from]), to);
+    const uint32_t barrier = peer_address(local_address(&arrived[parity]), to);
+    uint32_t words[sizeof(Acc) / sizeof(uint32_t)];
+    __builtin_memcpy(words, &partial, sizeof(Acc));
+#pragma unroll
+    for (int i = 0; i < static_cast<int>(sizeof(Acc) / sizeof(uint32_t)); ++i) {
+      asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                   ::"r"(slot_address + 4 * i), "r"(words[i]), "r"(barrier)
+                   : "memory");
+    }
+  }
+  // Until phase `phase` of the parity's mbarrier has completed: every partial of the row has landed, and is
+  // visible to the calling thread (acquire at cluster scope).
+  __device__ __forceinline__ void wait(int parity, unsigned phase) {
+    uint32_t done = 0;
+    while (!done) {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done)
+          : "r"(local_address(&arrived[parity])), "r"(phase)
+          : "memory");
+    }
+  }
 #else
-  return *local;
+  __device__ void init() {}
+  __device__ void expect(int, unsigned) {}
+  __device__ void send(const Acc&, int, unsigned, unsigned) {}
+  __device__ void wait(int, unsigned) {}
 #endif
-}
+};
 
 // Reads a value another CTA wrote before a grid barrier from L2 (ld.global.cg): the L1 of this SM is
 // not coherent with other SMs' stores.
@@ -343,8 +398,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   extern __shared__ __align__(16) unsigned char dynamic_smem[];
   PackIn* const spill = reinterpret_cast<PackIn*>(dynamic_smem);  // [S][smem_packs][T]
   __shared__ Acc partials[2][kWarpSize];
-  __shared__ Acc cluster_result[2];  // this CTA's result, read by its cluster peers
-  __shared__ Acc row_result[2];      // the merged cluster result, broadcast to the CTA
+  __shared__ Acc row_result[2];  // the merged cluster / grid-group result, broadcast to the CTA
 
   const Op op = args.op;
   const int threads = blockDim.x;
@@ -394,8 +448,18 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   // bytes with it, none without).
   constexpr bool kClusterCapable = !kPrefetch && !kStreamRest;
   if (!kClusterCapable && !in_grid_group && cluster.size > 1) __trap();  // dispatcher bug guard
+  const bool cluster_exchange = kClusterCapable && !in_grid_group && cluster.size > 1;
+  __shared__ ClusterInbox<Acc> inbox;
+  if (cluster_exchange) {
+    if (cluster.size > kMaxClusterCtas) __trap();  // dispatcher bug guard: the inbox's slots
+    if (tid == 0) inbox.init();
+    cluster_arrive_relaxed();  // waited for before the first send (every peer's mbarriers initialised)
+  }
+  // Rows done so far: its parity picks the shared buffers (and inbox slots) of a row; a cluster CTA exchanges
+  // once per row, so (done / 2) % 2 is the phase of the parity's inbox mbarrier.
+  bool inboxes_ready = false;
   int parity = 0;
-  bool peers_reading = false;  // an arrival of cluster_arrive_relaxed awaits its cluster_wait
+  unsigned exchanges = 0;
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
     const int64_t row_offset = row * args.n;
 
@@ -542,21 +606,22 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       }
       __syncthreads();
       acc = row_result[parity];
-    } else if (kClusterCapable && cluster.size > 1) {
-      if (tid == 0) cluster_result[parity] = acc;
-      // The previous row's "done reading" arrival must complete before this CTA arrives again. (Overwriting
-      // cluster_result[parity], last read two rows ago, was safe already: every peer read it before it
-      // arrived at the previous row's full cluster barrier.)
-      if (peers_reading) cluster_wait();
-      cluster_barrier();
+    } else if (cluster_exchange) {
+      if (!inboxes_ready) {
+        cluster_wait();
+        inboxes_ready = true;
+      }
+      // acc is the CTA's reduced partial in every thread: thread i sends it to peer i.
       if (tid < kWarpSize) {
-        Acc peer = tid < static_cast<int>(cluster.size) ? read_peer_shared(&cluster_result[parity], tid) : Op::identity();
+        if (tid < static_cast<int>(cluster.size)) inbox.send(acc, parity, cluster.rank, tid);
+        if (tid == 0) inbox.expect(parity, cluster.size);
+        inbox.wait(parity, (exchanges >> 1) & 1u);
+        Acc peer = tid < static_cast<int>(cluster.size) ? inbox.slot[parity][tid] : Op::identity();
         peer = warp_all_reduce<Op>(peer, kWarpSize);  // merging the identity leaves a value unchanged
         if (tid == 0) row_result[parity] = peer;
       }
+      ++exchanges;
       __syncthreads();
-      cluster_arrive_relaxed();  // this CTA has read its peers; it waits for theirs before exit (below)
-      peers_reading = true;
       acc = row_result[parity];
     }
     const typename Op::Row row_consts = op.finalize(acc);
@@ -605,7 +670,6 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       }
     }
   }
-  if (peers_reading) cluster_wait();  // peers may still be reading cluster_result
 }
 
 }  // namespace softmax_ops::detail

@@ -51,7 +51,7 @@ struct Heuristics {
   // the other's reduction and stores: at most 512 threads (64 registers each = half the register file)
   // and half the SM's shared memory. Rows larger than that use a cluster (or a CTA that owns the SM).
   static constexpr int kSharedCtaMaxThreads = 512;
-  static constexpr int kSmemReservePerCta = 2048;  // static shared memory (<= 1088 B) + driver reserve
+  static constexpr int kSmemReservePerCta = 2048;  // static shared memory (<= 800 B, float64 1584) + driver reserve
   // Rows that would take the warp kernel but are this few per SM spread over a CTA (spread_small_rows).
   static constexpr int64_t kSmallRowsPerSm = 2;
   static constexpr int kSmallRowSpreadThreads = 256;
@@ -91,7 +91,7 @@ struct Heuristics {
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
   static constexpr int64_t kFewRowsSplitMinRowBytes = 16 * 1024;
-  static constexpr int kClusterMax = 16;
+  static constexpr int kClusterMax = kMaxClusterCtas;
 
   // grid_onepass (few rows, cooperative launch): every resident CTA slot of the device gets a chunk of a
   // row, with CTAs of up to kGridCtaThreads threads (two per SM), few packs per thread, chunks of at least

@@ -59,6 +59,7 @@ struct SoftmaxPlan {
 };
 
 // Launch-shape limits compiled into the kernels (__launch_bounds__), read by the dispatcher too.
+constexpr int kMaxClusterCtas = 16;            // cluster_onepass: CTAs per row (16: the non-portable opt-in)
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
 constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 registers per thread
