@@ -80,7 +80,7 @@ __device__ __forceinline__ void cluster_wait() {
 // partial, which this CTA sends after it has read its row r slots. A CTA exits only after receiving every
 // peer's last partial, so no peer writes into an exited CTA.
 template <typename Acc>
-struct ClusterInbox {
+struct alignas(16) ClusterInbox {  // 16: the float64 partials go as one v4 store
   Acc slot[2][kMaxClusterCtas];
   unsigned long long arrived[2];  // mbarriers: one arrival (this CTA's expect) + the bytes of every partial
 
