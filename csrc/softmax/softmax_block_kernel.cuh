@@ -455,11 +455,9 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     if (tid == 0) inbox.init();
     cluster_arrive_relaxed();  // waited for before the first send (every peer's mbarriers initialised)
   }
-  // Rows done so far: its parity picks the shared buffers (and inbox slots) of a row; a cluster CTA exchanges
-  // once per row, so (done / 2) % 2 is the phase of the parity's inbox mbarrier.
-  bool inboxes_ready = false;
-  int parity = 0;
-  unsigned exchanges = 0;
+  bool inboxes_ready = false;  // this CTA has waited for its peers' inbox set-up
+  int parity = 0;              // the row's: picks its shared buffers and inbox slots
+  unsigned exchanges = 0;      // rows exchanged: each parity's inbox mbarrier is in phase (exchanges / 2) % 2
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
     const int64_t row_offset = row * args.n;
 
