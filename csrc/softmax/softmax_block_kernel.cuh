@@ -134,10 +134,11 @@ struct alignas(16) ClusterInbox {  // 16: the float64 partials go as one v4 stor
     }
   }
 #else
-  __device__ void init() {}
-  __device__ void expect(int, unsigned) {}
-  __device__ void send(const Acc&, int, unsigned, unsigned) {}
-  __device__ void wait(int, unsigned) {}
+  // Clusters are planned (and launched) for sm_90 only: anywhere else a call is a dispatcher bug, not a no-op.
+  __device__ void init() { __trap(); }
+  __device__ void expect(int, unsigned) { __trap(); }
+  __device__ void send(const Acc&, int, unsigned, unsigned) { __trap(); }
+  __device__ void wait(int, unsigned) { __trap(); }
 #endif
 };
 
@@ -455,6 +456,8 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     if (tid == 0) inbox.init();
     cluster_arrive_relaxed();  // waited for before the first send (every peer's mbarriers initialised)
   }
+  // inboxes_ready and parity could be derived from exchanges (== 0, & 1); kept apart because ptxas, at the
+  // 64-register cap, spilled 4-36 bytes more in the float32 instances with the derived forms (session 16).
   bool inboxes_ready = false;  // this CTA has waited for its peers' inbox set-up
   int parity = 0;              // the row's: picks its shared buffers and inbox slots
   unsigned exchanges = 0;      // rows exchanged: each parity's inbox mbarrier is in phase (exchanges / 2) % 2
@@ -609,7 +612,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
         cluster_wait();
         inboxes_ready = true;
       }
-      // acc is the CTA's reduced partial in every thread: thread i sends it to peer i.
+      // acc is the CTA's reduced partial in every thread: lane i of warp 0 sends it to peer i.
       if (tid < kWarpSize) {
         if (tid < static_cast<int>(cluster.size)) inbox.send(acc, parity, cluster.rank, tid);
         if (tid == 0) inbox.expect(parity, cluster.size);
