@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated ROWSxN (default: PERF.md's sweep plus "
                         + ", ".join(f"{r}x{n}" for r, n in EXTRA_SHAPES) + ")")
     parser.add_argument("--kernels", default=None,
-                        help="comma-separated forced kernels (default: list_kernels(family) without "
-                        + ", ".join(DEFAULT_LEFT_OUT) + ")")
+                        help="comma-separated forced kernels, or none (the automatic choice only; default: "
+                        "list_kernels(family) without " + ", ".join(DEFAULT_LEFT_OUT) + ")")
     parser.add_argument("--no-eager", action="store_true", help="do not time torch eager")
     parser.add_argument("--time-budget", type=float, default=420.0, metavar="SECONDS",
                         help="start no new case after this many seconds from the start, build included "
@@ -283,7 +283,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels: dict[str, list[str]] = {}
     for family in sorted({FAMILY[op] for op in ops}):
         available = softmax_ops.list_kernels(family)
-        wanted = args.kernels.split(",") if args.kernels else [k for k in available if k not in DEFAULT_LEFT_OUT]
+        if args.kernels == "none":  # the automatic choice only (A/Bs of a dispatcher change)
+            wanted = []
+        else:
+            wanted = args.kernels.split(",") if args.kernels else [k for k in available if k not in DEFAULT_LEFT_OUT]
         missing = [k for k in wanted if k not in available]
         if missing and available:
             parser.error(f"--kernels: {family} has no {', '.join(missing)} (it has {', '.join(available)})")
