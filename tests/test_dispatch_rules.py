@@ -29,7 +29,7 @@ def plan_line(shape, dtype, op="softmax") -> str:
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward"])
-@pytest.mark.parametrize("shape,dtype", [((4, 262144), torch.float16), ((4, 1048576), torch.float32),
+@pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float16), ((4, 1048576), torch.float32),
                                          ((3, 100003), torch.float32), ((8, 262144), torch.bfloat16)])
 def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dtype, op):
     line = plan_line(shape, dtype, op)
@@ -38,15 +38,20 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
     assert ctas > 16 * shape[0], line  # more CTAs per row than the largest cluster (16)
 
 
-@pytest.mark.parametrize("shape,dtype,kernel", [
-    ((4, 16384), torch.float16, "cluster_onepass"),   # rows of <= 256 KB: a cluster of 16 first
-    ((4, 65536), torch.float32, "cluster_onepass"),
-    ((4, 114688), torch.bfloat16, "cluster_onepass"),
-    ((4, 131080), torch.float16, "grid_onepass"),     # 256 KB + one pack: the grid group
-    ((3, 100003), torch.float16, "grid_onepass"),     # single elements: the grid group (measured faster)
+@pytest.mark.parametrize("shape,dtype,op,kernel", [
+    ((4, 16384), torch.float16, "softmax", "cluster_onepass"),   # rows of <= 256 KB: a cluster of 16 first
+    ((4, 65536), torch.float32, "softmax", "cluster_onepass"),
+    ((4, 114688), torch.bfloat16, "softmax", "cluster_onepass"),
+    ((8, 131080), torch.float16, "softmax", "grid_onepass"),     # 256 KB + one pack: the grid group
+    ((3, 100003), torch.float16, "softmax", "grid_onepass"),     # single elements: the grid group (measured faster)
+    # Up to 4 rows (clusters of 16 on at most half of 132 SMs): rows of <= 1 MB, all streams
+    ((4, 262144), torch.float32, "softmax", "cluster_onepass"),
+    ((4, 262144), torch.float16, "softmax_backward", "cluster_onepass"),
+    ((4, 262148), torch.float32, "softmax", "grid_onepass"),     # 1 MB + one pack
+    ((8, 262144), torch.float16, "softmax", "grid_onepass"),     # 8 rows: the 256 KB rule
 ])
-def test_few_rows_up_to_256kb_take_a_cluster_of_16_first(shape, dtype, kernel):
-    line = plan_line(shape, dtype)
+def test_few_rows_take_a_cluster_of_16_first_up_to_a_chunk_size(shape, dtype, op, kernel):
+    line = plan_line(shape, dtype, op)
     assert f"kernel {kernel}:" in line, line
     if kernel == "cluster_onepass":
         assert "clusters of 16 CTAs per row" in line, line

@@ -87,6 +87,14 @@ struct Heuristics {
   // four ops): 16-bit 4 x 16384 and 4 x 32768 +0.05..+0.18 in 14 of 16 cases; fp32 mixed (-0.09..+0.10,
   // mean +0.02); odd rows (single elements, 3 x 100003 16-bit) 0.04-0.08 slower, so they keep the grid.
   static constexpr int64_t kClusterFirstMaxChunkBytes = 16 * 1024;
+  // ... and of at most kClusterMax x this many bytes while their clusters of kClusterMax CTAs take at most half
+  // the SMs (4 rows on an H100), which the push exchange (ClusterInbox, session 16) made the faster choice.
+  // H100, session 17 call 1, two interleaved runs of tune_softmax.py against the 16 KB rule alone (us, grid ->
+  // cluster): softmax 4 x 114688 fp32 10.3 / 10.2 -> 8.2 / 8.8, 4 x 262144 fp16 10.1 / 9.9 -> 8.9 / 9.0, bf16
+  // 10.0 / 9.9 -> 9.1 / 9.8, fp32 12.1 / 11.2 -> 11.7 / 11.9; softmax_backward 4 x 65536 fp32 9.4 / 8.5 -> 8.6 /
+  // 8.3, 4 x 114688 -5..-9%, 4 x 262144 fp16 / bf16 -7.5 / -10.6%. With 8 rows (clusters on every SM) the grid
+  // group stayed faster: 8 x 262144 softmax +4..+7% as clusters (*session17-c1-*).
+  static constexpr int64_t kClusterFirstFewMaxChunkBytes = 64 * 1024;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -416,8 +424,10 @@ class Chooser {
       }
     }
     if (worth_splitting) {
-      const bool cluster_first =
-          g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * Heuristics::kClusterFirstMaxChunkBytes;
+      const bool clusters_on_half_the_sms = 2 * g_.rows * Heuristics::kClusterMax <= props_.sm_count;
+      const int64_t cluster_first_chunk = clusters_on_half_the_sms ? Heuristics::kClusterFirstFewMaxChunkBytes
+                                                                   : Heuristics::kClusterFirstMaxChunkBytes;
+      const bool cluster_first = g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * cluster_first_chunk;
       std::optional<SoftmaxChoice> choice;
       if (cluster_first) choice = widest_cluster();
       if (!choice) choice = grid_group(/*forced=*/false);
