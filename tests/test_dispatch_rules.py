@@ -49,6 +49,12 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
     ((4, 262144), torch.float16, "softmax_backward", "cluster_onepass"),
     ((4, 262148), torch.float32, "softmax", "grid_onepass"),     # 1 MB + one pack
     ((8, 262144), torch.float16, "softmax", "grid_onepass"),     # 8 rows: the 256 KB rule
+    # Single elements (odd lengths), up to 4 rows: rows of <= 128 KB, all streams
+    ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
+    ((4, 16383), torch.float16, "softmax_backward", "cluster_onepass"),
+    ((4, 50001), torch.float16, "softmax", "cluster_onepass"),
+    ((4, 50001), torch.float16, "softmax_backward", "grid_onepass"),  # 195 KB of two streams
+    ((8, 16383), torch.float16, "softmax", "grid_onepass"),           # 8 rows
 ])
 def test_few_rows_take_a_cluster_of_16_first_up_to_a_chunk_size(shape, dtype, op, kernel):
     line = plan_line(shape, dtype, op)

@@ -95,6 +95,13 @@ struct Heuristics {
   // 8.3, 4 x 114688 -5..-9%, 4 x 262144 fp16 / bf16 -7.5 / -10.6%. With 8 rows (clusters on every SM) the grid
   // group stayed faster: 8 x 262144 softmax +4..+7% as clusters (*session17-c1-*).
   static constexpr int64_t kClusterFirstFewMaxChunkBytes = 64 * 1024;
+  // ... and rows of single elements (lengths or offsets that break 16-byte vectors: GPT-2's 50257-word
+  // vocabulary) of at most kClusterMax x this many bytes, on the same up-to-4 rows. H100, session 17 call 3, two
+  // interleaved runs of tune_softmax.py, grid group -> cluster (us): softmax 4 x 16383 fp16 8.6 / 7.9 -> 7.3 /
+  // 6.6, fp32 8.4 / 7.7 -> 6.8 / 6.7; 4 x 50001 fp16 9.1 / 8.4 -> 7.7 / 7.9; softmax_backward 4 x 16383 -11..-15%.
+  // Larger chunks lost as clusters: 4 x 50001 softmax_backward fp16 (12.5 KB) +12%, 3 x 100003 softmax fp16 / fp32
+  // +10 / +8%, softmax_backward +9..+26%, 2 x 300007 softmax fp16 +62% (*session17-c3-*).
+  static constexpr int64_t kClusterFirstScalarMaxChunkBytes = 8 * 1024;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -425,9 +432,14 @@ class Chooser {
     }
     if (worth_splitting) {
       const bool clusters_on_half_the_sms = 2 * g_.rows * Heuristics::kClusterMax <= props_.sm_count;
-      const int64_t cluster_first_chunk = clusters_on_half_the_sms ? Heuristics::kClusterFirstFewMaxChunkBytes
-                                                                   : Heuristics::kClusterFirstMaxChunkBytes;
-      const bool cluster_first = g_.vec > 1 && g_.row_bytes <= Heuristics::kClusterMax * cluster_first_chunk;
+      int64_t cluster_first_chunk = 0;  // single elements on more rows: the grid group first
+      if (g_.vec > 1) {
+        cluster_first_chunk = clusters_on_half_the_sms ? Heuristics::kClusterFirstFewMaxChunkBytes
+                                                       : Heuristics::kClusterFirstMaxChunkBytes;
+      } else if (clusters_on_half_the_sms) {
+        cluster_first_chunk = Heuristics::kClusterFirstScalarMaxChunkBytes;
+      }
+      const bool cluster_first = g_.row_bytes <= Heuristics::kClusterMax * cluster_first_chunk;
       std::optional<SoftmaxChoice> choice;
       if (cluster_first) choice = widest_cluster();
       if (!choice) choice = grid_group(/*forced=*/false);
