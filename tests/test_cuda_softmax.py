@@ -368,11 +368,12 @@ def test_forced_kernel_backward(kernel, in_dtype, out_dtype, n, op, request):
         check_backward(op, x, -1, out_dtype)
 
 
-# Fewer rows than SMs: the dispatcher's own choice spreads a row of up to 256 KB over a cluster of 16 CTAs
-# of up to 512 threads with 1 or 2 register packs each (widest_cluster), longer rows over a grid group; n at
-# and around those buckets (fp16: 16 CTAs x 512 threads x 1 pack = 65536, x 2 packs = 131072 = 256 KB),
-# an odd n (single-element path), every dtype, forward and backward.
-FEW_ROW_SIZES = [1024, 4096, 16384, 16392, 32776, 65536, 65544, 131072, 131080, 262144, 100003]
+# Fewer rows than SMs: the dispatcher's own choice spreads a row over a cluster of 16 CTAs of up to 512
+# threads with 1-8 register packs each (widest_cluster; 3 rows: up to 1 MB, single elements up to 128 KB),
+# longer rows over a grid group; n at and around those buckets (fp16: 16 CTAs x 512 threads x 1 pack = 65536,
+# x 2 packs = 131072 = 256 KB, x 8 packs = 524288 = 1 MB), odd n (single-element path: a cluster at 16383
+# and 50001 fp16, the grid group at 50001 fp32 and 100003), every dtype, forward and backward.
+FEW_ROW_SIZES = [1024, 4096, 16384, 16392, 32776, 65536, 65544, 131072, 131080, 262144, 524288, 16383, 50001, 100003]
 
 
 @pytest.mark.parametrize("op", list(OPS))
