@@ -528,9 +528,11 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
     check_forward(op, x)
 
 
-# The lean block instance (softmax of many 16-bit rows of 256..1024 packs, 2 packs per thread, exp taken once):
-# its bounds and sizes between buckets, every 16-bit input's dtype pairs, softmax and log_softmax.
+# The lean block instance (softmax of many rows, exp taken once; 16-bit rows of 256..1024 packs with 2 or 4 packs
+# per thread, float32 rows of 512..2048 packs with 8): its bounds and sizes between buckets, every 16-bit input's
+# dtype pairs and float32, softmax and log_softmax.
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
+LEAN_DTYPES = [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)] + [(torch.float32, None)]
 
 
 def lean_rows() -> int:
@@ -539,7 +541,7 @@ def lean_rows() -> int:
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("in_dtype,out_dtype", LEAN_DTYPES)
 @pytest.mark.parametrize("n", LEAN_SIZES)
 def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
     x = make_input((lean_rows(), n), in_dtype, seed=n)
@@ -548,7 +550,7 @@ def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
 def test_lean_block_rows_grid_stride(shape, dtype, op):
     """More rows than the lean plan's grid (8 waves of resident CTAs): CTAs loop over rows, reusing their
@@ -559,12 +561,12 @@ def test_lean_block_rows_grid_stride(shape, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n", [4104, 4096, 8192])
 def test_lean_block_rows_special_values(dtype, n, op):
     """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (the special rows repeated
-    down the batch): n = 513 packs, so that the -inf padding of the last pack's threads meets them too, and
-    whole rows of the 2- and 4-pack forms (no padding, a separate compiled body)."""
+    down the batch): n = 513 packs (16-bit; 1026 float32), so that the -inf padding of the last pack's threads
+    meets them too, and whole rows of every form (no padding, a separate compiled body)."""
     rows = special_rows(n, dtype)
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
@@ -577,7 +579,7 @@ def test_lean_block_rows_special_values(dtype, n, op):
 ROW_OFFSETS = [-1000.0, -177.5, -177.0, -20.0, 0.0, 20.0, 177.0, 177.5, 1000.0]
 
 
-@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)])
+@pytest.mark.parametrize("in_dtype,out_dtype", LEAN_DTYPES)
 @pytest.mark.parametrize("n", [64, 1024, 4096, 8192])
 def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
     offsets = torch.tensor(ROW_OFFSETS, dtype=torch.float64).repeat(-(-lean_rows() // len(ROW_OFFSETS)))

@@ -84,15 +84,20 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
     ((100, 4096), torch.float16, False),      # fewer rows than SMs
-    ((2048, 4096), torch.float32, False),     # measured slower for float rows
+    ((2048, 2048), torch.float32, True),      # float32: 512 .. 2048 packs of 4, 8 per thread
+    ((4096, 4096), torch.float32, True),
+    ((2048, 8192), torch.float32, True),
+    ((2048, 2044), torch.float32, False),     # 511 packs: the 64-register block instance
+    ((2048, 8196), torch.float32, False),     # 2049 packs: more than 256 threads x 8
     ((2048, 4096), torch.float64, False),
 ])
-def test_many_16bit_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
+def test_many_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
     assert plan_line(shape, dtype, "log_softmax") == plan_line(shape, dtype)  # the same CTA shape
     line = plan_line(shape, dtype)
     assert ("lean instance" in line) == lean, line
     if lean:
-        packs = 4 if shape[1] > 6144 else 2  # the wide form above 768 packs (256 threads x 4)
+        # 16-bit: the wide form above 768 packs (256 threads x 4); float32: always 8 packs per thread
+        packs = 8 if dtype == torch.float32 else 4 if shape[1] > 6144 else 2
         assert "kernel block_onepass" in line and f"{packs} pack(s) per thread" in line, line
 
 

@@ -29,11 +29,15 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
-        // The lean instance: 16-byte packs, kLeanRegPacks; 16-bit inputs, and 32-bit ones for the backward
-        // (the forward also has the wide form; see lean_rows).
-        constexpr bool kLeanInput = sizeof(typename Op::In) == 2 || (Op::kStreams == 2 && sizeof(typename Op::In) == 4);
-        constexpr bool kCanLean = kLeanInput && kVec > 1 &&
-                                  (kRegPacks == kLeanRegPacks || (Op::kStreams == 1 && kRegPacks == kLeanWideRegPacks));
+        // The lean instance: 16-byte packs; 16-bit forward rows with kLeanRegPacks or kLeanWideRegPacks, float32
+        // forward rows with kLeanFloatRegPacks, 16- and 32-bit backward streams with kLeanRegPacks (see lean_rows).
+        using In = typename Op::In;
+        constexpr bool kLeanForward16 =
+            sizeof(In) == 2 && (kRegPacks == kLeanRegPacks || kRegPacks == kLeanWideRegPacks);
+        constexpr bool kLeanForward32 = std::is_same_v<In, float> && kRegPacks == kLeanFloatRegPacks;
+        constexpr bool kLeanBackward = sizeof(In) <= 4 && kRegPacks == kLeanRegPacks;
+        constexpr bool kCanLean =
+            kVec > 1 && (Op::kStreams == 1 ? (kLeanForward16 || kLeanForward32) : kLeanBackward);
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {
             if constexpr (kCanLean) {

@@ -230,6 +230,25 @@ __device__ __forceinline__ float packed_row_max(const Pack<In, VEC> (&packs)[PRE
   return row_max(convert<float>(m.x), convert<float>(m.y));
 }
 
+// The max of a thread's cached packs (NaN-propagating): 16-bit pairs packed (packed_row_max), float32 values
+// in kIlp independent chains.
+template <typename In, int VEC, int PREG>
+__device__ __forceinline__ float lean_thread_max(const Pack<In, VEC> (&packs)[PREG]) {
+  if constexpr (sizeof(In) == 2) {
+    return packed_row_max(packs);
+  } else {
+    float maxes[kIlp];
+#pragma unroll
+    for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
+#pragma unroll
+    for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(packs[p], j));
+    }
+    return reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
+  }
+}
+
 // One row of the lean forward (see exp_once_rows). kFull: the CTA's threads x PREG packs are exactly the row
 // (every power-of-two row), so no load is predicated and no pack padded with -inf.
 template <typename Op, int VEC, int PREG, bool kLog, bool kFull>
@@ -250,7 +269,7 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   for (int p = 0; p < PREG; ++p) {
     packs[p] = in_row(p) ? load_vec<In, VEC>(in + p * threads * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
   }
-  const float m = lean_all_reduce(packed_row_max(packs), negative_infinity<float>(), slots[0],
+  const float m = lean_all_reduce(lean_thread_max(packs), negative_infinity<float>(), slots[0],
                                   [](float a, float b) { return row_max(a, b); });
   // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
   // softmax keeps the exponentials (its output) as floats, log_softmax the packed inputs (its output is
@@ -304,8 +323,7 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 // (*session12-c3-*): at boost clocks these shapes already run at about copy speed.
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
-  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && sizeof(typename Op::In) == 2,
-                "forward 16-bit rows with float math");
+  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward 16- or 32-bit rows with float math");
   __shared__ __align__(16) float slots[2][kLeanMaxWarps];  // the max's, the sum's (see lean_all_reduce)
   const int64_t n_packs = args.n / VEC;
   const int64_t cached = static_cast<int64_t>(blockDim.x) * PREG;

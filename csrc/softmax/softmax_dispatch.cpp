@@ -64,6 +64,9 @@ struct Heuristics {
   // log_softmax 0.82 / 0.83 -> 0.93 / 0.92, 4096 x 8192 +0.06..+0.10; but 2048 x 6144 (768 packs) softmax
   // 0.90 / 0.90 -> 0.86 / 0.88.
   static constexpr int64_t kLeanWideMinPacks = 768;
+  // float32 forward rows from this many packs (2048 columns; shorter ones take the warp kernel from 4 KB down)
+  // take the lean instance's float form (see lean_rows). Rows of 1025-2047 columns were not measured.
+  static constexpr int64_t kLeanFloatMinPacks = 512;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -506,20 +509,33 @@ class Chooser {
   // (*session7-ab2-*.json) 2048 x 2048 .. 32768 x 2048 softmax_backward geomean 0.94-0.95 -> 0.97-0.98 of
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
+  //
+  // float32 forward rows of 512-2048 packs (2048-8192 columns) take the lean instance's float form: the
+  // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
+  // fewer packs measured 1-75% slower, *session17-c4-*), with the row max first and each exp(x - max) taken
+  // once instead of the online (max, sum) merge in every shuffle step. H100, session 17 call 6, three
+  // interleaved runs (us, 64-register instance -> lean): softmax 2048 x 2048 17.3 / 17.1 / 17.2 -> 15.4 / 15.9 /
+  // 15.0, 2048 x 4096 -6.7%, 4096 x 4096 -3.8%, 2048 x 8192 -4.3%, 32768 x 2048 186 -> 183, 1024 x 6000 -7.9%;
+  // log_softmax -2..-8% on the same shapes (*session17-c6-compare-lean-float-forward.txt*). Liger's Triton
+  // softmax had been 2-7% faster than the 64-register instance on these shapes (session 17 call 3's bench).
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     // float32 streams: the backward, whatever its result dtype (float32, or 16-bit for the backward of
     // softmax(x_half, dtype=torch.float32)).
     const bool float_backward = p_.backward && g_.in_bytes == 4;
-    if (g_.in_bytes != 2 && !float_backward) return std::nullopt;
+    // float32 forward rows of kLeanFloatMinPacks .. kLeanFloatCtaThreads x kLeanFloatRegPacks packs: the float
+    // form, 8 packs per thread (the 64-register instance's CTA shape, without its online (max, sum) merge).
+    const bool float_forward = !p_.backward && g_.in_bytes == 4;
+    if (g_.in_bytes != 2 && !float_backward && !float_forward) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    if (g_.n_packs < Heuristics::kLeanMinPacks || g_.n_packs > int64_t{kLeanCtaThreads} * kLeanRegPacks) {
-      return std::nullopt;
-    }
+    const int64_t min_packs = float_forward ? Heuristics::kLeanFloatMinPacks : Heuristics::kLeanMinPacks;
+    const int64_t max_packs = float_forward ? int64_t{kLeanFloatCtaThreads} * kLeanFloatRegPacks
+                                            : int64_t{kLeanCtaThreads} * kLeanRegPacks;
+    if (g_.n_packs < min_packs || g_.n_packs > max_packs) return std::nullopt;
     // Forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread (softmax_launch.h).
     const bool wide = !p_.backward && g_.n_packs > Heuristics::kLeanWideMinPacks;
-    const int reg_packs = wide ? kLeanWideRegPacks : kLeanRegPacks;
+    const int reg_packs = float_forward ? kLeanFloatRegPacks : wide ? kLeanWideRegPacks : kLeanRegPacks;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
@@ -808,8 +824,8 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.prefetch) s += ", next row prefetched into shared memory";
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
       if (plan.lean) {
-        s += plan.reg_packs == kLeanWideRegPacks ? ", lean instance (a CTA per row, <= 64 registers)"
-                                                 : ", lean instance (a CTA per row, <= 32 registers)";
+        const bool wide = plan.reg_packs == kLeanWideRegPacks || plan.reg_packs == kLeanFloatRegPacks;
+        s += wide ? ", lean instance (a CTA per row, <= 64 registers)" : ", lean instance (a CTA per row, <= 32 registers)";
       }
       break;
     case SoftmaxKernel::kSplitRow:

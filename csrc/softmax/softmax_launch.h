@@ -71,8 +71,16 @@ constexpr int kLeanRegPacks = 2;
 // thread, CTAs of up to 256 threads (8 warps: half the per-element reduction work), 4 per SM, <= 64 registers.
 constexpr int kLeanWideCtaThreads = 256;
 constexpr int kLeanWideRegPacks = 4;
+// ... and its float32 forward form (softmax_dispatch.cpp: lean_rows): 8 packs per thread, the 64-register
+// instance's bytes in flight (128 KB per SM), CTAs of up to 256 threads, 4 per SM, <= 64 registers.
+constexpr int kLeanFloatCtaThreads = 256;
+constexpr int kLeanFloatRegPacks = 8;
 // Launch bounds of the lean instance with PREG register packs.
-constexpr int lean_cta_threads(int reg_packs) { return reg_packs == kLeanWideRegPacks ? kLeanWideCtaThreads : kLeanCtaThreads; }
+constexpr int lean_cta_threads(int reg_packs) {
+  return reg_packs == kLeanWideRegPacks    ? kLeanWideCtaThreads
+         : reg_packs == kLeanFloatRegPacks ? kLeanFloatCtaThreads
+                                           : kLeanCtaThreads;
+}
 constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
 
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
