@@ -306,8 +306,8 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   }
 }
 
-// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks packs per
-// thread): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
+// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks or
+// kLeanWideRegPacks packs per thread; float32 rows of 2-8K columns: kLeanFloatRegPacks): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
 // output (log_softmax keeps the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
 // bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on
@@ -320,7 +320,8 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 // element (the kept value) and the partial rows' padding ~24 byte permutes per thread. With those, the packed
 // max and lean_all_reduce: 35% fewer instructions (4096 x 4096 fp16, Nsight Compute, H100, 2026-11-22) and in
 // three interleaved bench runs 2048 x 8192 16-bit softmax -2..-4%, the other lean shapes within +-1%
-// (*session12-c3-*): at boost clocks these shapes already run at about copy speed.
+// (*session12-c3-*): at boost clocks these shapes already run at about copy speed. float32 rows (session 17,
+// H100): -2..-10% against the 64-register instance with the same 8 packs per thread (see lean_rows).
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward 16- or 32-bit rows with float math");
