@@ -230,22 +230,27 @@ __device__ __forceinline__ float packed_row_max(const Pack<In, VEC> (&packs)[PRE
   return row_max(convert<float>(m.x), convert<float>(m.y));
 }
 
-// The max of a thread's cached packs (NaN-propagating): 16-bit pairs packed (packed_row_max), float32 values
-// in kIlp independent chains.
+// The max (NaN-propagating) of a thread's cached packs as floats, in kIlp independent chains.
+template <typename In, int VEC, int PREG>
+__device__ __forceinline__ float cached_max(const Pack<In, VEC> (&packs)[PREG]) {
+  float maxes[kIlp];
+#pragma unroll
+  for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
+#pragma unroll
+  for (int p = 0; p < PREG; ++p) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(packs[p], j));
+  }
+  return reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
+}
+
+// The lean forward's thread max: 16-bit pairs packed (packed_row_max), float32 values as cached_max.
 template <typename In, int VEC, int PREG>
 __device__ __forceinline__ float lean_thread_max(const Pack<In, VEC> (&packs)[PREG]) {
   if constexpr (sizeof(In) == 2) {
     return packed_row_max(packs);
   } else {
-    float maxes[kIlp];
-#pragma unroll
-    for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
-#pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(packs[p], j));
-    }
-    return reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
+    return cached_max(packs);
   }
 }
 
@@ -586,15 +591,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     Acc acc = Op::identity();
     if constexpr (kExpLocal) {
       if (exp_local) {
-        float maxes[kIlp];
-#pragma unroll
-        for (int i = 0; i < kIlp; ++i) maxes[i] = negative_infinity<float>();
-#pragma unroll
-        for (int p = 0; p < PREG; ++p) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) maxes[j % kIlp] = row_max(maxes[j % kIlp], cached_element<float>(cache[0][p], j));
-        }
-        local_max = reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); });
+        local_max = cached_max(cache[0]);
         // A thread of -inf only (or padding): exponentials relative to 0 are exact zeros (relative to -inf,
         // NaN), and (-inf, 0) is the identity. NaN / +inf make the sum NaN, as in accumulate.
         const float shift = local_max == negative_infinity<float>() ? 0.0f : local_max;
