@@ -312,8 +312,9 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 }
 
 // kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks or
-// kLeanWideRegPacks packs per thread; float32 rows of 2-8K columns: kLeanFloatRegPacks): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum and the
-// output (log_softmax keeps the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
+// kLeanWideRegPacks packs per thread; float32 rows of 2-8K columns: kLeanFloatRegPacks): the row max first,
+// then exp(x - max) ONCE per element, kept in float registers for the sum and the output (log_softmax keeps
+// the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
 // bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on
 // H200) from log_softmax (0.86-0.90); Liger's Triton kernel, which keeps exp(x - max) in registers, reached
@@ -329,7 +330,8 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 // H100): -2..-10% against the 64-register instance with the same 8 packs per thread (see lean_rows).
 template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
-  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>, "forward 16- or 32-bit rows with float math");
+  static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>,
+                "forward 16- or 32-bit rows with float math");
   __shared__ __align__(16) float slots[2][kLeanMaxWarps];  // the max's, the sum's (see lean_all_reduce)
   const int64_t n_packs = args.n / VEC;
   const int64_t cached = static_cast<int64_t>(blockDim.x) * PREG;

@@ -96,8 +96,8 @@ struct Heuristics {
   // cluster): softmax 4 x 114688 fp32 10.3 / 10.2 -> 8.2 / 8.8, 4 x 262144 fp16 10.1 / 9.9 -> 8.9 / 9.0, bf16
   // 10.0 / 9.9 -> 9.1 / 9.8, fp32 12.1 / 11.2 -> 11.7 / 11.9; softmax_backward 4 x 65536 fp32 9.4 / 8.5 -> 8.6 /
   // 8.3, 4 x 114688 -5..-9%, 4 x 262144 fp16 / bf16 -7.5 / -10.6%; call 2's two more runs: the same direction
-  // for each (4 x 262144 fp32 softmax, +1% here, -3% there: even). With 8 rows (clusters on every SM) the grid group stayed faster: 8 x 262144 softmax +4..+7% as
-  // clusters (*session17-c1-*, *session17-c2-*).
+  // for each (4 x 262144 fp32 softmax, +1% here, -3% there: even). With 8 rows (clusters on every SM) the grid
+  // group stayed faster: 8 x 262144 softmax +4..+7% as clusters (*session17-c1-*, *session17-c2-*).
   static constexpr int64_t kClusterFirstFewMaxChunkBytes = 64 * 1024;
   // ... and rows of single elements (lengths or offsets that break 16-byte vectors: GPT-2's 50257-word
   // vocabulary) of at most kClusterMax x this many bytes, on the same up-to-4 rows. H100, session 17 call 3, two
@@ -825,7 +825,8 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
       if (plan.lean) {
         const bool wide = plan.reg_packs == kLeanWideRegPacks || plan.reg_packs == kLeanFloatRegPacks;
-        s += wide ? ", lean instance (a CTA per row, <= 64 registers)" : ", lean instance (a CTA per row, <= 32 registers)";
+        s += wide ? ", lean instance (a CTA per row, <= 64 registers)"
+                  : ", lean instance (a CTA per row, <= 32 registers)";
       }
       break;
     case SoftmaxKernel::kSplitRow:
