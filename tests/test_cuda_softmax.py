@@ -535,6 +535,10 @@ LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 LEAN_DTYPES = [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)] + [(torch.float32, None)]
 
 
+# float32 rows take the lean instance's float form from 256 packs (1024 columns) up.
+LEAN_FLOAT_SHORT_SIZES = [1024, 1028, 1536, 2044]
+
+
 def lean_rows() -> int:
     """Rows enough for the lean plan (at least one per SM)."""
     return max(150, sm_count() + 18)
@@ -547,6 +551,14 @@ def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
     x = make_input((lean_rows(), n), in_dtype, seed=n)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)
     check_forward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("n", LEAN_FLOAT_SHORT_SIZES)
+def test_automatic_lean_block_rows_float32_short(n, op):
+    x = make_input((lean_rows(), n), torch.float32, seed=n)
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), torch.float32, op=op)
+    check_forward(op, x)
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -586,7 +598,7 @@ def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
     rows = offsets.numel() * (256 if n == 64 else 1)  # 64 columns: enough rows for the short-row plan
     x64 = make_input((rows, n), torch.float64, seed=n, device="cpu") + offsets.repeat(rows // offsets.numel())[:, None]
     x = x64.to(in_dtype).cuda()
-    expected = "lean instance" if n >= 4096 else "warp"
+    expected = "lean instance" if n >= 4096 or (in_dtype == torch.float32 and n >= 1024) else "warp"
     assert expected in softmax_ops.explain(tuple(x.shape), in_dtype, op="softmax")
     check_forward("softmax", x, -1, out_dtype)
 

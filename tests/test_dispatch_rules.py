@@ -87,7 +87,9 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 2048), torch.float32, True),      # float32: 512 .. 2048 packs of 4, 8 per thread
     ((4096, 4096), torch.float32, True),
     ((2048, 8192), torch.float32, True),
-    ((2048, 2044), torch.float32, False),     # 511 packs: the 64-register block instance
+    ((2048, 1536), torch.float32, True),
+    ((2048, 1024), torch.float32, True),      # 256 packs: before the warp kernel
+    ((2048, 1020), torch.float32, False),     # 255 packs: the warp kernel
     ((2048, 8196), torch.float32, False),     # 2049 packs: more than 256 threads x 8
     ((2048, 4096), torch.float64, False),
 ])

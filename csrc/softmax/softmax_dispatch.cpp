@@ -64,9 +64,12 @@ struct Heuristics {
   // log_softmax 0.82 / 0.83 -> 0.93 / 0.92, 4096 x 8192 +0.06..+0.10; but 2048 x 6144 (768 packs) softmax
   // 0.90 / 0.90 -> 0.86 / 0.88.
   static constexpr int64_t kLeanWideMinPacks = 768;
-  // float32 forward rows from this many packs (2048 columns; shorter ones take the warp kernel from 4 KB down)
-  // take the lean instance's float form (see lean_rows). Rows of 1025-2047 columns were not measured.
-  static constexpr int64_t kLeanFloatMinPacks = 512;
+  // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
+  // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
+  // warp kernel (1024) and the 64-register instance (1280-2044), softmax / log_softmax: 2048 x 1024 -6.0 / -5.2%,
+  // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
+  // (*session17-c9-compare-lean-float-short.txt*).
+  static constexpr int64_t kLeanFloatMinPacks = 256;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -510,7 +513,7 @@ class Chooser {
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
   //
-  // float32 forward rows of 512-2048 packs (2048-8192 columns) take the lean instance's float form: the
+  // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
   // fewer packs measured 1-75% slower, *session17-c4-*), with the row max first and each exp(x - max) taken
   // once instead of the online (max, sum) merge in every shuffle step. H100, session 17 call 6, three
