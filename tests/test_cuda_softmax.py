@@ -529,7 +529,7 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 
 
 # The lean block instance (softmax of many rows, exp taken once; 16-bit rows of 256..1024 packs with 2 or 4 packs
-# per thread, float32 rows of 512..2048 packs with 8): its bounds and sizes between buckets, every 16-bit input's
+# per thread, float32 rows of 256..2048 packs with 8): its bounds and sizes between buckets, every 16-bit input's
 # dtype pairs and float32, softmax and log_softmax.
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 LEAN_DTYPES = [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)] + [(torch.float32, None)]

@@ -312,7 +312,7 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 }
 
 // kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks or
-// kLeanWideRegPacks packs per thread; float32 rows of 2-8K columns: kLeanFloatRegPacks): the row max first,
+// kLeanWideRegPacks packs per thread; float32 rows of 1-8K columns: kLeanFloatRegPacks): the row max first,
 // then exp(x - max) ONCE per element, kept in float registers for the sum and the output (log_softmax keeps
 // the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
