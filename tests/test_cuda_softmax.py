@@ -533,10 +533,9 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 # dtype pairs and float32, softmax and log_softmax.
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 LEAN_DTYPES = [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)] + [(torch.float32, None)]
-
-
-# float32 rows take the lean instance's float form from 256 packs (1024 columns) up.
-LEAN_FLOAT_SHORT_SIZES = [1024, 1028, 1536, 2044]
+# float32 rows take the float form from 256 packs (1024 columns) up.
+LEAN_CASES = [(in_dtype, out_dtype, n) for in_dtype, out_dtype in LEAN_DTYPES for n in LEAN_SIZES] + [
+    (torch.float32, None, n) for n in (1024, 1028, 1536, 2044)]
 
 
 def lean_rows() -> int:
@@ -545,20 +544,11 @@ def lean_rows() -> int:
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("in_dtype,out_dtype", LEAN_DTYPES)
-@pytest.mark.parametrize("n", LEAN_SIZES)
+@pytest.mark.parametrize("in_dtype,out_dtype,n", LEAN_CASES)
 def test_automatic_lean_block_rows(n, in_dtype, out_dtype, op):
     x = make_input((lean_rows(), n), in_dtype, seed=n)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), in_dtype, op=op)
     check_forward(op, x, -1, out_dtype)
-
-
-@pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("n", LEAN_FLOAT_SHORT_SIZES)
-def test_automatic_lean_block_rows_float32_short(n, op):
-    x = make_input((lean_rows(), n), torch.float32, seed=n)
-    assert "lean instance" in softmax_ops.explain(tuple(x.shape), torch.float32, op=op)
-    check_forward(op, x)
 
 
 @pytest.mark.parametrize("op", list(OPS))

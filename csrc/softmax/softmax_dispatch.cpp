@@ -532,13 +532,12 @@ class Chooser {
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
     if (g_.in_bytes != 2 && !float_backward && !float_forward) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    const int64_t min_packs = float_forward ? Heuristics::kLeanFloatMinPacks : Heuristics::kLeanMinPacks;
-    const int64_t max_packs = float_forward ? int64_t{kLeanFloatCtaThreads} * kLeanFloatRegPacks
-                                            : int64_t{kLeanCtaThreads} * kLeanRegPacks;
-    if (g_.n_packs < min_packs || g_.n_packs > max_packs) return std::nullopt;
-    // Forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread (softmax_launch.h).
+    // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread
+    // (softmax_launch.h).
     const bool wide = !p_.backward && g_.n_packs > Heuristics::kLeanWideMinPacks;
     const int reg_packs = float_forward ? kLeanFloatRegPacks : wide ? kLeanWideRegPacks : kLeanRegPacks;
+    const int64_t min_packs = float_forward ? Heuristics::kLeanFloatMinPacks : Heuristics::kLeanMinPacks;
+    if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
@@ -827,9 +826,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.prefetch) s += ", next row prefetched into shared memory";
       if (plan.stream_rest) s += ", the rest of each chunk streamed and re-read";
       if (plan.lean) {
-        const bool wide = plan.reg_packs == kLeanWideRegPacks || plan.reg_packs == kLeanFloatRegPacks;
-        s += wide ? ", lean instance (a CTA per row, <= 64 registers)"
-                  : ", lean instance (a CTA per row, <= 32 registers)";
+        s += ", lean instance (a CTA per row, <= " + std::to_string(lean_max_registers(plan.reg_packs)) + " registers)";
       }
       break;
     case SoftmaxKernel::kSplitRow:

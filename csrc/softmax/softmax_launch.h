@@ -81,6 +81,10 @@ constexpr int lean_cta_threads(int reg_packs) {
          : reg_packs == kLeanFloatRegPacks ? kLeanFloatCtaThreads
                                            : kLeanCtaThreads;
 }
+// ... the registers per thread those bounds leave (kLeanMinCtas CTAs per SM in a 64K-register file), and the
+// packs per row (per stream) one CTA holds.
+constexpr int lean_max_registers(int reg_packs) { return 65536 / (kLeanMinCtas * lean_cta_threads(reg_packs)); }
+constexpr int lean_max_row_packs(int reg_packs) { return lean_cta_threads(reg_packs) * reg_packs; }
 constexpr int kStreamingMaxThreads = 512;     // two_pass, split_row, strided: <= 128 registers per thread
 
 // Vector packs per thread the block/cluster kernel keeps in registers (it is compiled for 1024 threads,
