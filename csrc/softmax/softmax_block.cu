@@ -94,19 +94,9 @@ cudaLaunchConfig_t group_launch_config(const SoftmaxPlan& plan, cudaStream_t str
 // Function attributes a launch of `plan` needs, each set once per (kernel, device).
 template <typename Kernel>
 cudaError_t prepare(Kernel kernel, const SoftmaxPlan& plan) {
-  cudaError_t err = detail::allow_dynamic_smem(kernel, plan.smem_bytes);
+  const cudaError_t err = detail::allow_dynamic_smem(kernel, plan.smem_bytes);
   if (err != cudaSuccess || plan.cluster <= kPortableClusterSize) return err;
-  static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> allowed;
-  int device = 0;
-  err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return err;
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
-  std::lock_guard<std::mutex> lock(mutex);
-  if (allowed.count(key) != 0) return cudaSuccess;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  if (err == cudaSuccess) allowed.insert(key);
-  return err;
+  return detail::allow_non_portable_clusters(kernel);
 }
 
 }  // namespace

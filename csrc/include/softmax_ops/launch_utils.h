@@ -1,5 +1,6 @@
 // Host-side launch helpers shared by the softmax and fused_topk launch functions: a compile-time integer
-// choice from a run-time value, and the opt-in for more than 48 KB of dynamic shared memory.
+// choice from a run-time value, and the per-(kernel, device) opt-ins: more than 48 KB of dynamic shared
+// memory, clusters of more than 8 CTAs.
 // No ATen here (DESIGN.md §1).
 #pragma once
 
@@ -8,6 +9,7 @@
 #include <cstddef>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -27,31 +29,50 @@ cudaError_t dispatch_int(std::integer_sequence<int, Vs...>, int value, F&& f) {
   return dispatch_int<Vs...>(value, std::forward<F>(f));
 }
 
-// Launch with dynamic shared memory above the 48 KB default: the opt-in must be set per function, per
-// device. It is set once per (kernel, device) to the device's maximum (the launch still requests only what
-// it uses), so racing host threads all write the same value and no launch sees a smaller limit than it
-// needs. Keyed by the kernel's address: instantiations of one signature share a function-pointer type.
-template <typename Kernel>
-cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+// Runs set(device) for `kernel` once per (kernel, device, what) while it succeeds: function attributes are
+// per function and per device (set with that device current), and each set is a driver call. Racing host
+// threads serialise on the lock. Keyed by the kernel's address: instantiations of one signature share a
+// function-pointer type. A failed set is not remembered (the next launch tries again and reports it).
+enum class KernelAttribute : int { kDynamicSmem, kNonPortableCluster };
+template <typename Kernel, typename Set>
+cudaError_t set_once_per_device(Kernel kernel, KernelAttribute what, Set&& set) {
   static std::mutex mutex;
-  static std::set<std::pair<const void*, int>> configured;
+  static std::set<std::tuple<const void*, int, KernelAttribute>> done;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  const std::pair<const void*, int> key{reinterpret_cast<const void*>(kernel), device};
+  const std::tuple<const void*, int, KernelAttribute> key{reinterpret_cast<const void*>(kernel), device, what};
   std::lock_guard<std::mutex> lock(mutex);
-  if (configured.count(key) != 0) return cudaSuccess;
-  int optin = 0;
-  err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-  if (err != cudaSuccess) return err;
-  cudaFuncAttributes attributes{};
-  err = cudaFuncGetAttributes(&attributes, kernel);
-  if (err != cudaSuccess) return err;
-  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             optin - static_cast<int>(attributes.sharedSizeBytes));
-  if (err == cudaSuccess) configured.insert(key);
+  if (done.count(key) != 0) return cudaSuccess;
+  err = set(device);
+  if (err == cudaSuccess) done.insert(key);
   return err;
+}
+
+// Launch with dynamic shared memory above the 48 KB default: the opt-in is set once per (kernel, device) to
+// the device's maximum (the launch still requests only what it uses), so racing host threads all write the
+// same value and no launch sees a smaller limit than it needs.
+template <typename Kernel>
+cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
+  if (bytes <= 48 * 1024) return cudaSuccess;
+  return set_once_per_device(kernel, KernelAttribute::kDynamicSmem, [&](int device) {
+    int optin = 0;
+    cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (err != cudaSuccess) return err;
+    cudaFuncAttributes attributes{};
+    err = cudaFuncGetAttributes(&attributes, kernel);
+    if (err != cudaSuccess) return err;
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                optin - static_cast<int>(attributes.sharedSizeBytes));
+  });
+}
+
+// Clusters of more than the portable 8 CTAs: the opt-in, once per (kernel, device).
+template <typename Kernel>
+cudaError_t allow_non_portable_clusters(Kernel kernel) {
+  return set_once_per_device(kernel, KernelAttribute::kNonPortableCluster, [&](int) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+  });
 }
 
 }  // namespace softmax_ops::detail
