@@ -137,8 +137,22 @@ __device__ __forceinline__ SplitChunk split_chunk(int64_t item, int64_t chunks, 
   return {row, begin, min(n_packs, begin + chunk_packs)};
 }
 
+// split_row's partials pass over 16-bit streams at two CTAs of 512 threads per SM (<= 64 registers), each
+// thread folding half the default packs at a time (the full count spilled 48-148 bytes there; ptxas, nvcc
+// 13.0): at one CTA per SM (93 registers) half of its 2-per-SM grid ran as a second wave. H100, session 18
+// (*session18-c4-*; Nsight Compute, 4 x 33554432): the fp16 softmax fold 110 -> 99 us, the fp16
+// softmax_backward fold 214 -> 191 us; two interleaved bench runs: softmax fp16 / bf16 -1.7 / -2.0%,
+// softmax_backward fp16 -4.2%, bf16 -0.3%. Other streams keep the default bound (0: none; an explicit 1
+// changed their code, float32 backward 64 -> 98 registers): float32 at two CTAs folded 188 us against 185
+// (softmax +0.4%), float64 spilled 384 bytes.
+template <typename Op>
+constexpr int kSplitPartialsMinCtas = sizeof(typename Op::In) == 2 ? 2 : 0;
 template <typename Op, int VEC>
-__global__ void __launch_bounds__(kStreamingMaxThreads)
+constexpr int kSplitPartialsUnroll =
+    kFoldUnroll<Op, VEC> / (Op::kStreams == 1 && sizeof(typename Op::In) == 2 ? 2 : 1);
+
+template <typename Op, int VEC>
+__global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op>)
     softmax_split_partials_kernel(RowArgs<Op> args, int64_t chunks, int64_t chunk_packs, typename Op::Acc* partials_out) {
   using Acc = typename Op::Acc;
   __shared__ Acc partials[2][kWarpSize];
@@ -150,7 +164,8 @@ __global__ void __launch_bounds__(kStreamingMaxThreads)
     const SplitChunk chunk = split_chunk(item, chunks, chunk_packs, n_packs);
     const typename Op::In* in[Op::kStreams];
     row_pointers(args, chunk.row, in);
-    Acc acc = fold_packs<Op, VEC>(op, in, chunk.begin, chunk.end, threadIdx.x, blockDim.x);
+    Acc acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>>(op, in, chunk.begin, chunk.end, threadIdx.x,
+                                                                  blockDim.x);
     acc = block_all_reduce<Op>(acc, partials, parity);
     if (threadIdx.x == 0) partials_out[item] = acc;
   }
