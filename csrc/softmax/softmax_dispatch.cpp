@@ -128,8 +128,10 @@ struct Heuristics {
   static constexpr double kTwoPassMinRowsPerSm = 2.0;
   static constexpr int kTwoPassThreads = 512;
 
-  // split_row: about 2 CTAs per SM in total (balance across SMs), chunks of at least 64 KB of input
-  // (the partials pass then costs one merge per 64 KB; smaller chunks are launch-latency bound anyway).
+  // split_row: about 2 CTAs per SM in total (balance across SMs), each taking at least 64 KB of input (the
+  // partials pass then costs one merge per 64 KB; smaller parts are launch-latency bound anyway). A CTA's
+  // share is every chunks-th block of its row (softmax_streaming_kernels.cuh: split_part), not a contiguous
+  // chunk.
   static constexpr double kSplitCtasPerSm = 2.0;
   static constexpr int64_t kSplitMinChunkBytes = 64 * 1024;
   static constexpr int kSplitThreads = 512;
@@ -352,7 +354,7 @@ SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool for
   if (forced) chunks = std::max<int64_t>(chunks, 2);  // a forced split_row really splits (tests)
   chunks = std::min(chunks, g.n_packs);
   const int64_t chunk_packs = ceil_div(g.n_packs, chunks);
-  plan.chunks = ceil_div(g.n_packs, chunk_packs);  // no empty chunk (launch.cu recomputes chunk_packs)
+  plan.chunks = ceil_div(g.n_packs, chunk_packs);  // CTAs per row: each gets about chunk_packs packs
   plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(chunk_packs, 32), 32, Heuristics::kSplitThreads));
   plan.grid = std::min(g.rows * plan.chunks, grid_cap(props, plan.threads));
   plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * partial_bytes(g));
@@ -830,8 +832,8 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       }
       break;
     case SoftmaxKernel::kSplitRow:
-      s += ", " + to_string(plan.chunks) + " chunks per row, 2 launches, " +
-           kib(static_cast<int64_t>(plan.workspace_bytes)) + " workspace";
+      s += ", " + to_string(plan.chunks) + " CTAs per row (its blocks of " + to_string(plan.threads) +
+           " packs round robin), 2 launches, " + kib(static_cast<int64_t>(plan.workspace_bytes)) + " workspace";
       break;
     case SoftmaxKernel::kStrided:
       s += " (" + to_string(plan.block_x) + " across inner x " + to_string(plan.threads / plan.block_x) + " along n)";

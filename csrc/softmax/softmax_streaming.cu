@@ -24,12 +24,11 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
         return cudaGetLastError();
       }
       if (plan.kernel != SoftmaxKernel::kSplitRow || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
-      const int64_t chunk_packs = (problem.n / kVec + plan.chunks - 1) / plan.chunks;
       Acc* partials = static_cast<Acc*>(ptrs.workspace);
-      softmax_split_partials_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, chunk_packs, partials);
+      softmax_split_partials_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
       cudaError_t err = cudaGetLastError();
       if (err != cudaSuccess) return err;
-      softmax_split_apply_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, chunk_packs, partials);
+      softmax_split_apply_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
       return cudaGetLastError();
     });
   });

@@ -1,9 +1,10 @@
 // Kernels that stream a row instead of caching it, so they handle ANY n:
 //   two_pass: one CTA per row; pass 1 folds the row into (max, sum) chunk by chunk, the CTA merges, pass 2
 //             re-reads (from L2 when the row is still there) and writes.
-//   split_row: two launches for few rows x huge n. Launch 1: CTA (row, c) folds chunk c into a partial,
-//             written to a workspace [rows][chunks]. Launch 2: CTA (row, c) merges the row's partials in a
-//             fixed order (bitwise reproducible), re-reads chunk c and writes it.
+//   split_row: two launches for few rows x huge n. Launch 1: CTA (row, c) folds part c of the row (every
+//             parts-th block of blockDim.x packs, see split_part) into a partial, written to a workspace
+//             [rows][parts]. Launch 2: CTA (row, c) merges the row's partials in a fixed order (bitwise
+//             reproducible), re-reads part c and writes it.
 //   strided:  the reduced dim is not last ([outer, n, inner > 1]): threads map to the inner index, so
 //             every warp load is contiguous across inner, and loop over n; no transpose copy.
 //
@@ -26,18 +27,21 @@ constexpr int kStreamUnroll = (VEC > 1 ? 4 : 8) / Op::kStreams;
 template <typename Op, int VEC>
 constexpr int kFoldUnroll = 2 * kStreamUnroll<Op, VEC>;
 
-// Folds packs [begin, end) of one row; this thread takes packs begin + tid, begin + tid + threads, ...,
-// U packs per stream at a time.
-template <typename Op, int VEC, int U = kFoldUnroll<Op, VEC>>
+// Folds the CTA's packs of one row below `end`: blocks of `threads` packs starting at begin, begin + stride,
+// begin + 2 stride, ... (kInterleaved, split_row's parts: see split_part); else stride is threads, the
+// contiguous range [begin, end) (a compile-time case: a run-time stride changed the other kernels' code).
+// This thread takes pack tid of each block, U blocks per stream at a time.
+template <typename Op, int VEC, int U = kFoldUnroll<Op, VEC>, bool kInterleaved = false>
 __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typename Op::In* const* in, int64_t begin,
-                                                     int64_t end, int tid, int threads) {
+                                                     int64_t end, int tid, int threads, int stride = 0) {
+  if constexpr (!kInterleaved) stride = threads;
   using In = typename Op::In;
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
   // Steps are folded into a segment accumulator that is merged into the total every kSegmentSteps: the
   // running sum of a thread that walks millions of elements stays short (accuracy, see accumulate).
   constexpr int kSegmentSteps = 32;
-  const int64_t step = static_cast<int64_t>(U) * threads;
+  const int64_t step = static_cast<int64_t>(U) * stride;
   typename Op::Acc total = Op::identity();
   for (int64_t segment = begin + tid; segment < end; segment += kSegmentSteps * step) {
     typename Op::Acc acc = Op::identity();
@@ -46,7 +50,7 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
       Pack<In, VEC> packs[S][U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t k = first + static_cast<int64_t>(u) * threads;
+        const int64_t k = first + static_cast<int64_t>(u) * stride;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
           // log_softmax_backward reduces grad_output only: its output stream is not read here (the pass
@@ -65,26 +69,31 @@ __device__ __forceinline__ typename Op::Acc fold_packs(const Op& op, const typen
   return total;
 }
 
-// Second pass over packs [begin, end): re-read (last use: evict-first), normalise, write. It walks the
-// range from its END: the first pass ended there, so that part is the likeliest still in L2, and reading
-// it first keeps the re-read of the beginning from evicting it (walking forwards, a row larger than its
-// share of L2 misses on every re-read: the split_row apply pass read 3N bytes against copy's 2N).
-template <typename Op, int VEC>
+// Second pass over the packs fold_packs folded (the same begin, end, stride, kInterleaved): re-read (last use:
+// evict-first), normalise, write. It walks them from the END: the first pass ended there, so that part is
+// the likeliest still in L2, and reading it first keeps the re-read of the beginning from evicting it
+// (walking forwards, a row larger than its share of L2 misses on every re-read: the split_row apply pass
+// read 3N bytes against copy's 2N).
+template <typename Op, int VEC, bool kInterleaved = false>
 __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row& row_consts,
                                             const typename Op::In* const* in, typename Op::Out* out,
-                                            int64_t begin, int64_t end, int tid, int threads) {
+                                            int64_t begin, int64_t end, int tid, int threads, int stride = 0) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
   constexpr int U = kStreamUnroll<Op, VEC>;
-  const int64_t step = static_cast<int64_t>(U) * threads;
-  for (int64_t step_index = (end - begin + step - 1) / step - 1; step_index >= 0; --step_index) {
+  if constexpr (!kInterleaved) stride = threads;
+  const int64_t step = static_cast<int64_t>(U) * stride;
+  // Contiguous: the steps of the range, as before kInterleaved existed (the same code).
+  const int64_t steps = kInterleaved ? ((end > begin ? (end - begin + stride - 1) / stride : 0) + U - 1) / U
+                                     : (end - begin + step - 1) / step;
+  for (int64_t step_index = steps - 1; step_index >= 0; --step_index) {
     const int64_t first = begin + step_index * step + tid;
     Pack<In, VEC> packs[S][U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t k = first + static_cast<int64_t>(u) * threads;
+      const int64_t k = first + static_cast<int64_t>(u) * stride;
       if (k < end) {
 #pragma unroll
         for (int s = 0; s < S; ++s) packs[s][u] = load_vec<In, VEC, /*kLastUse=*/true>(in[s] + k * VEC);
@@ -92,7 +101,7 @@ __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t k = first + static_cast<int64_t>(u) * threads;
+      const int64_t k = first + static_cast<int64_t>(u) * stride;
       if (k < end) {
         Pack<Out, VEC> result;
         visit_elements<C>(packs, u, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
@@ -124,17 +133,23 @@ __global__ void __launch_bounds__(kStreamingMaxThreads) softmax_two_pass_kernel(
   }
 }
 
-// Work item `item` of the split-row launches is chunk item % chunks of row item / chunks.
-struct SplitChunk {
+// Work item `item` of the split-row launches is part item % parts of row item / parts. A part is not a
+// contiguous chunk: the row's packs go round robin in blocks of blockDim.x packs (block b to part b % parts),
+// so the row's CTAs sweep it side by side, a window of parts x blockDim.x x (packs per step) at a time: the
+// partials pass forwards, the apply pass backwards from the row's end, where the partials pass left its
+// last reads in L2. Contiguous chunks (one per CTA: 264 streams 1 MB apart on 4 x 33554432 fp16) kept DRAM
+// at 72% (apply) and 81% (partials) of its peak, the interleaved parts at 80% and 85% (Nsight Compute, H100,
+// session 18); three interleaved bench runs per tree (*session18-c5-*): 4 x 33554432 softmax -10.9 / -11.3 /
+// -12.0% (fp16 / bf16 / fp32), softmax_backward -9.6 / -9.5 / -11.6%, log_softmax_backward -11.0 / -11.1 /
+// -13.2%.
+struct SplitPart {
   int64_t row;
-  int64_t begin;
-  int64_t end;
+  int64_t begin;   // the part's first pack in the row
+  int stride;      // between its blocks (parts x blockDim.x: at most a few hundred thousand)
 };
 
-__device__ __forceinline__ SplitChunk split_chunk(int64_t item, int64_t chunks, int64_t chunk_packs, int64_t n_packs) {
-  const int64_t row = item / chunks;
-  const int64_t begin = min(n_packs, (item % chunks) * chunk_packs);
-  return {row, begin, min(n_packs, begin + chunk_packs)};
+__device__ __forceinline__ SplitPart split_part(int64_t item, int64_t parts) {
+  return {item / parts, (item % parts) * blockDim.x, static_cast<int>(parts * blockDim.x)};
 }
 
 // split_row's partials pass over 16-bit streams at two CTAs of 512 threads per SM (<= 64 registers), each
@@ -146,26 +161,27 @@ __device__ __forceinline__ SplitChunk split_chunk(int64_t item, int64_t chunks, 
 // changed their code, float32 backward 64 -> 98 registers): float32 at two CTAs folded 188 us against 185
 // (softmax +0.4%), float64 spilled 384 bytes.
 template <typename Op>
-constexpr int kSplitPartialsMinCtas = sizeof(typename Op::In) == 2 ? 2 : 0;
+constexpr int kSplitPartialsMinCtas =
+    sizeof(typename Op::In) == 2 || (sizeof(typename Op::In) == 4 && Op::kStreams == 2) ? 2 : 0;
 template <typename Op, int VEC>
 constexpr int kSplitPartialsUnroll =
     kFoldUnroll<Op, VEC> / (Op::kStreams == 1 && sizeof(typename Op::In) == 2 ? 2 : 1);
 
 template <typename Op, int VEC>
 __global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op>)
-    softmax_split_partials_kernel(RowArgs<Op> args, int64_t chunks, int64_t chunk_packs, typename Op::Acc* partials_out) {
+    softmax_split_partials_kernel(RowArgs<Op> args, int64_t parts, typename Op::Acc* partials_out) {
   using Acc = typename Op::Acc;
   __shared__ Acc partials[2][kWarpSize];
   const Op op = args.op;
   const int64_t n_packs = args.n / VEC;
-  const int64_t items = args.rows * chunks;
+  const int64_t items = args.rows * parts;
   int parity = 0;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
-    const SplitChunk chunk = split_chunk(item, chunks, chunk_packs, n_packs);
+    const SplitPart part = split_part(item, parts);
     const typename Op::In* in[Op::kStreams];
-    row_pointers(args, chunk.row, in);
-    Acc acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>>(op, in, chunk.begin, chunk.end, threadIdx.x,
-                                                                  blockDim.x);
+    row_pointers(args, part.row, in);
+    Acc acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>, /*kInterleaved=*/true>(
+        op, in, part.begin, n_packs, threadIdx.x, blockDim.x, part.stride);
     acc = block_all_reduce<Op>(acc, partials, parity);
     if (threadIdx.x == 0) partials_out[item] = acc;
   }
@@ -173,25 +189,25 @@ __global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op
 
 template <typename Op, int VEC>
 __global__ void __launch_bounds__(kStreamingMaxThreads)
-    softmax_split_apply_kernel(RowArgs<Op> args, int64_t chunks, int64_t chunk_packs, const typename Op::Acc* partials_in) {
+    softmax_split_apply_kernel(RowArgs<Op> args, int64_t parts, const typename Op::Acc* partials_in) {
   using Acc = typename Op::Acc;
   __shared__ Acc partials[2][kWarpSize];
   const Op op = args.op;
   const int64_t n_packs = args.n / VEC;
-  const int64_t items = args.rows * chunks;
+  const int64_t items = args.rows * parts;
   int parity = 0;
   for (int64_t step = blockIdx.x; step < items; step += gridDim.x, parity ^= 1) {
-    // Backwards: the partials launch finished with the highest items, whose data is likeliest in L2.
+    // Backwards: with more items than CTAs, the partials launch finished with the highest rows.
     const int64_t item = items - 1 - step;
-    const SplitChunk chunk = split_chunk(item, chunks, chunk_packs, n_packs);
+    const SplitPart part = split_part(item, parts);
     // Every CTA of a row merges the same partials in the same order: identical row constants.
     Acc acc = Op::identity();
-    for (int64_t c = threadIdx.x; c < chunks; c += blockDim.x) acc = Op::merge(acc, partials_in[chunk.row * chunks + c]);
+    for (int64_t c = threadIdx.x; c < parts; c += blockDim.x) acc = Op::merge(acc, partials_in[part.row * parts + c]);
     acc = block_all_reduce<Op>(acc, partials, parity);
     const typename Op::In* in[Op::kStreams];
-    row_pointers(args, chunk.row, in);
-    write_packs<Op, VEC>(op, op.finalize(acc), in, args.out + chunk.row * args.n, chunk.begin, chunk.end, threadIdx.x,
-                         blockDim.x);
+    row_pointers(args, part.row, in);
+    write_packs<Op, VEC, /*kInterleaved=*/true>(op, op.finalize(acc), in, args.out + part.row * args.n, part.begin,
+                                                n_packs, threadIdx.x, blockDim.x, part.stride);
   }
 }
 
