@@ -121,7 +121,7 @@ struct Heuristics {
   static constexpr int kGridCtaThreads = 512;
   // ... and when even that cannot cache whole chunks, it streams the rest of chunks up to this many times
   // what it caches (grid_group_streamed); split_row beyond.
-  static constexpr int64_t kGridStreamMaxChunkPerCache = 4;
+  static constexpr int64_t kGridStreamMaxChunkPerCache = 7;
 
   // two_pass (one CTA per row, re-read from L2) rather than split_row when rows are at least this many
   // per SM: every SM is busy anyway and one launch beats two.
@@ -604,14 +604,18 @@ class Chooser {
   // Few rows too long for every CTA slot of the device to cache its chunk (millions of elements): the grid
   // group of grid_group with CTAs that cache what fits (kGridCtaThreads threads, a few register packs, all
   // of their shared-memory share) and fold the rest of their chunk straight from global memory, then re-read
-  // it. One launch instead of split_row's two, at least a quarter of the row never re-read (the rule
+  // it. One launch instead of split_row's two, at least a seventh of the row never re-read (the rule
   // below), and each chunk re-read by the CTA that read it first.
   //
   // Automatic only while a CTA caches at least 1 / kGridStreamMaxChunkPerCache of its chunk. H200, 2026-11-22
   // (softmax xCopy, grid streamed vs split_row): 3 x 5000000 fp16 0.77 vs 0.58, fp32 0.73 vs 0.59 (chunk
   // 1.2-2.5x the cache); 4 x 8388608 fp16 0.63 vs 0.54, fp32 0.65 vs 0.59 (1.9x, 3.9x); 4 x 33554432 fp16
   // 0.51 vs 0.51, fp32 0.51 vs 0.54 (7.8x, 15.6x): with little cached, split_row's 8 packs in flight per
-  // thread in its folding pass (the grid kernel holds 4 under its 64-register budget) win.
+  // thread in its folding pass (the grid kernel holds 4 under its 64-register budget) win. Up to 4x then;
+  // 7x since split_row's interleaved parts (session 18, H100, two runs, forced kernels,
+  // *session18-c6-tune-*): at 6.9x the grid group still wins (float32 4 x 8388608 and 8 x 4194304
+  // softmax_backward 224.6 / 225.1 vs 236.9 / 236.6 us, log_softmax_backward 188.6 / 189.5 vs 194.0 /
+  // 193.3), while the 7.8x of 4 x 33554432 fp16 tied before split_row's parts took 11% off it.
   std::optional<SoftmaxChoice> grid_group_streamed(bool forced) {
     if (!clusters_supported()) return std::nullopt;
     const int64_t ctas_per_row = std::min<int64_t>(2 * props_.sm_count / g_.rows, g_.n_packs);
