@@ -615,7 +615,8 @@ class Chooser {
   // 7x since split_row's interleaved parts (session 18, H100, two runs, forced kernels,
   // *session18-c6-tune-*): at 6.9x the grid group still wins (float32 4 x 8388608 and 8 x 4194304
   // softmax_backward 224.6 / 225.1 vs 236.9 / 236.6 us, log_softmax_backward 188.6 / 189.5 vs 194.0 /
-  // 193.3), while the 7.8x of 4 x 33554432 fp16 tied before split_row's parts took 11% off it.
+  // 193.3); at 7.8x split_row now wins (*session18-c8-tune-7x*: softmax 4 x 33554432 fp16 292.8 vs 326.5 us,
+  // 8 x 8388608 fp32 287.9 vs 316.0), and at 3.9x the grid group (8 x 8388608 fp16 146.1 vs 151.6).
   std::optional<SoftmaxChoice> grid_group_streamed(bool forced) {
     if (!clusters_supported()) return std::nullopt;
     const int64_t ctas_per_row = std::min<int64_t>(2 * props_.sm_count / g_.rows, g_.n_packs);

@@ -157,9 +157,10 @@ __device__ __forceinline__ SplitPart split_part(int64_t item, int64_t parts) {
 // 13.0): at one CTA per SM (93 registers) half of its 2-per-SM grid ran as a second wave. H100, session 18
 // (*session18-c4-*; Nsight Compute, 4 x 33554432): the fp16 softmax fold 110 -> 99 us, the fp16
 // softmax_backward fold 214 -> 191 us; two interleaved bench runs: softmax fp16 / bf16 -1.7 / -2.0%,
-// softmax_backward fp16 -4.2%, bf16 -0.3%. Other streams keep the default bound (0: none; an explicit 1
-// changed their code, float32 backward 64 -> 98 registers): float32 at two CTAs folded 188 us against 185
-// (softmax +0.4%), float64 spilled 384 bytes.
+// softmax_backward fp16 -4.2%, bf16 -0.3%. float32 backward (two streams) keeps the two CTAs it had at the
+// default bound (64 registers; the interleaved parts took it to 66 without the bound, 64 and 8 bytes of
+// spill with it). float32 and float64 forward keep the default bound (0: none; an explicit 1 changed their
+// code): float32 at two CTAs folded 188 us against 185 (softmax +0.4%), float64 spilled 384 bytes.
 template <typename Op>
 constexpr int kSplitPartialsMinCtas =
     sizeof(typename Op::In) == 2 || (sizeof(typename Op::In) == 4 && Op::kStreams == 2) ? 2 : 0;
