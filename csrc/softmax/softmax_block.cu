@@ -29,15 +29,11 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
-        // The lean instance: 16-byte packs; 16-bit forward rows with kLeanRegPacks or kLeanWideRegPacks, float32
-        // forward rows with kLeanFloatRegPacks, 16- and 32-bit backward streams with kLeanRegPacks (see lean_rows).
-        using In = typename Op::In;
-        constexpr bool kLeanForward16 =
-            sizeof(In) == 2 && (kRegPacks == kLeanRegPacks || kRegPacks == kLeanWideRegPacks);
-        constexpr bool kLeanForward32 = std::is_same_v<In, float> && kRegPacks == kLeanFloatRegPacks;
-        constexpr bool kLeanBackward = sizeof(In) <= 4 && kRegPacks == kLeanRegPacks;
-        constexpr bool kCanLean =
-            kVec > 1 && (Op::kStreams == 1 ? (kLeanForward16 || kLeanForward32) : kLeanBackward);
+        // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_reg_packs).
+        constexpr int kInBytes = sizeof(typename Op::In);
+        constexpr bool kBackward = Op::kStreams == 2;
+        constexpr bool kCanLean = kVec > 1 && (kRegPacks == lean_reg_packs(kInBytes, kBackward, false) ||
+                                               kRegPacks == lean_reg_packs(kInBytes, kBackward, true));
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.lean) {
             if constexpr (kCanLean) {

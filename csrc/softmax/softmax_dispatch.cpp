@@ -85,7 +85,7 @@ struct Heuristics {
   // H200, 2026-11-22 (benchmarks/micro/few_rows_sync.cu, 4 x 65536 fp16, clusters of 16): 512 threads x 1
   // pack and 256 x 2 took 6.4 us, 128 x 4 6.6 us; 4 x 262144: 512 x 4 8.7 us, 1024 x 2 9.4 us.
   static constexpr int kSpreadThreads = 512;
-  // Few rows (16-byte packs) of at most kClusterMax x this many bytes go to a cluster before a grid group:
+  // Few rows (16-byte packs) of at most kMaxClusterCtas x this many bytes go to a cluster before a grid group:
   // its barrier is the hardware's, not an atomic in global memory. H200, 2026-11-22, micro benchmark above
   // (fp16, best configuration of each): 4 x 16384 cluster 5.7 us vs grid group 6.6 us, 4 x 65536 6.4 vs
   // 6.8 us; at 4 x 262144 (32 KB per CTA) the grid group was faster (8.3 vs 8.7 us), at 8 x 262144 too
@@ -93,8 +93,9 @@ struct Heuristics {
   // four ops): 16-bit 4 x 16384 and 4 x 32768 +0.05..+0.18 in 14 of 16 cases; fp32 mixed (-0.09..+0.10,
   // mean +0.02); odd rows (single elements, 3 x 100003 16-bit) 0.04-0.08 slower, so they keep the grid.
   static constexpr int64_t kClusterFirstMaxChunkBytes = 16 * 1024;
-  // ... and of at most kClusterMax x this many bytes while their clusters of kClusterMax CTAs take at most half
-  // the SMs (4 rows on an H100), which the push exchange (ClusterInbox, session 16) made the faster choice.
+  // ... and of at most kMaxClusterCtas x this many bytes while their clusters of kMaxClusterCtas CTAs take at
+  // most half the SMs (4 rows on an H100), which the push exchange (ClusterInbox, session 16) made the faster
+  // choice.
   // H100, session 17 call 1, two interleaved runs of tune_softmax.py against the 16 KB rule alone (us, grid ->
   // cluster): softmax 4 x 114688 fp32 10.3 / 10.2 -> 8.2 / 8.8, 4 x 262144 fp16 10.1 / 9.9 -> 8.9 / 9.0, bf16
   // 10.0 / 9.9 -> 9.1 / 9.8, fp32 12.1 / 11.2 -> 11.7 / 11.9; softmax_backward 4 x 65536 fp32 9.4 / 8.5 -> 8.6 /
@@ -103,8 +104,8 @@ struct Heuristics {
   // group stayed faster: 8 x 262144 softmax +4..+7% as clusters (*session17-c1-*, *session17-c2-*).
   static constexpr int64_t kClusterFirstFewMaxChunkBytes = 64 * 1024;
   // ... and rows of single elements (lengths or offsets that break 16-byte vectors: GPT-2's 50257-word
-  // vocabulary) of at most kClusterMax x this many bytes, on the same up-to-4 rows. H100, session 17 call 3, two
-  // interleaved runs of tune_softmax.py, grid group -> cluster (us): softmax 4 x 16383 fp16 8.6 / 7.9 -> 7.3 /
+  // vocabulary) of at most kMaxClusterCtas x this many bytes, on the same up-to-4 rows. H100, session 17 call 3,
+  // two interleaved runs of tune_softmax.py, grid group -> cluster (us): softmax 4 x 16383 fp16 8.6 / 7.9 -> 7.3 /
   // 6.6, fp32 8.4 / 7.7 -> 6.8 / 6.7; 4 x 50001 fp16 9.1 / 8.4 -> 7.7 / 7.9; softmax_backward 4 x 16383 -11..-15%.
   // Larger chunks lost as clusters: 4 x 50001 softmax_backward fp16 (12.5 KB) +12%, 3 x 100003 softmax fp16 / fp32
   // +10 / +8%, softmax_backward +9..+26%, 2 x 300007 softmax fp16 +62% (*session17-c3-*).
@@ -113,7 +114,6 @@ struct Heuristics {
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
   static constexpr int64_t kFewRowsSplitMinRowBytes = 16 * 1024;
-  static constexpr int kClusterMax = kMaxClusterCtas;
 
   // grid_onepass (few rows, cooperative launch): every resident CTA slot of the device gets a chunk of a
   // row, with CTAs of up to kGridCtaThreads threads (two per SM), few packs per thread, chunks of at least
@@ -440,7 +440,7 @@ class Chooser {
       }
     }
     if (worth_splitting) {
-      const bool clusters_on_half_the_sms = 2 * g_.rows * Heuristics::kClusterMax <= props_.sm_count;
+      const bool clusters_on_half_the_sms = 2 * g_.rows * kMaxClusterCtas <= props_.sm_count;
       int64_t cluster_first_chunk = 0;  // single elements on more rows: the grid group first
       if (g_.vec > 1) {
         cluster_first_chunk = clusters_on_half_the_sms ? Heuristics::kClusterFirstFewMaxChunkBytes
@@ -448,7 +448,7 @@ class Chooser {
       } else if (clusters_on_half_the_sms) {
         cluster_first_chunk = Heuristics::kClusterFirstScalarMaxChunkBytes;
       }
-      const bool cluster_first = g_.row_bytes <= Heuristics::kClusterMax * cluster_first_chunk;
+      const bool cluster_first = g_.row_bytes <= kMaxClusterCtas * cluster_first_chunk;
       std::optional<SoftmaxChoice> choice;
       if (cluster_first) choice = widest_cluster();
       if (!choice) choice = grid_group(/*forced=*/false);
@@ -466,7 +466,7 @@ class Chooser {
                   "two launches, partial (max, sum) per chunk merged in fixed order, then normalise");
   }
 
-  // Few rows: the widest cluster (most CTAs per row, up to kClusterMax) whose chunks are at least
+  // Few rows: the widest cluster (most CTAs per row, up to kMaxClusterCtas) whose chunks are at least
   // kClusterMinChunkBytes and whose clusters all fit on the device at once, first with CTAs that leave room
   // for a second on their SM, then with CTAs that own it; its CTAs use up to kSpreadThreads threads with
   // few packs each. Few rows are latency-bound, not bandwidth-bound: each CTA loads, then folds its chunk
@@ -477,7 +477,7 @@ class Chooser {
     for (const bool exclusive : {false, true}) {
       const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kSharedCtaMaxThreads;
       const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
-      for (int cluster = Heuristics::kClusterMax; cluster >= 2; --cluster) {
+      for (int cluster = kMaxClusterCtas; cluster >= 2; --cluster) {
         const int64_t chunk = ceil_div(g_.n_packs, cluster);
         const int64_t chunk_bytes = chunk * g_.pack_bytes * g_.streams;
         if (chunk_bytes < Heuristics::kClusterMinChunkBytes) continue;
@@ -526,18 +526,14 @@ class Chooser {
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
-    // float32 streams: the backward, whatever its result dtype (float32, or 16-bit for the backward of
-    // softmax(x_half, dtype=torch.float32)).
-    const bool float_backward = p_.backward && g_.in_bytes == 4;
-    // float32 forward rows of kLeanFloatMinPacks .. kLeanFloatCtaThreads x kLeanFloatRegPacks packs: the float
-    // form, 8 packs per thread (the 64-register instance's CTA shape, without its online (max, sum) merge).
-    const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    if (g_.in_bytes != 2 && !float_backward && !float_forward) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread
-    // (softmax_launch.h).
+    // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
+    // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
+    // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
     const bool wide = !p_.backward && g_.n_packs > Heuristics::kLeanWideMinPacks;
-    const int reg_packs = float_forward ? kLeanFloatRegPacks : wide ? kLeanWideRegPacks : kLeanRegPacks;
+    const int reg_packs = lean_reg_packs(g_.in_bytes, p_.backward, wide);
+    if (reg_packs == 0) return std::nullopt;
+    const bool float_forward = !p_.backward && g_.in_bytes == 4;
     const int64_t min_packs = float_forward ? Heuristics::kLeanFloatMinPacks : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
@@ -643,15 +639,15 @@ class Chooser {
     return std::nullopt;
   }
 
-  // The first cluster size, trying first, first + 1, ..., kClusterMax, then first - 1, ..., 2, whose
+  // The first cluster size, trying first, first + 1, ..., kMaxClusterCtas, then first - 1, ..., 2, whose
   // per-CTA chunk fits (shared or exclusive budget) and which the device can schedule.
   std::optional<SoftmaxChoice> try_clusters(int first, bool exclusive) {
     if (!clusters_supported()) return std::nullopt;
     const int max_threads = exclusive ? kBlockKernelMaxThreads : Heuristics::kSharedCtaMaxThreads;
     const int64_t budget = exclusive ? exclusive_smem_budget(props_) : shared_smem_budget(props_);
-    first = std::clamp(first, 2, Heuristics::kClusterMax);
-    for (int step = 0; step <= Heuristics::kClusterMax - 2; ++step) {
-      const int cluster = first + step <= Heuristics::kClusterMax ? first + step : Heuristics::kClusterMax - step;
+    first = std::clamp(first, 2, kMaxClusterCtas);
+    for (int step = 0; step <= kMaxClusterCtas - 2; ++step) {
+      const int cluster = first + step <= kMaxClusterCtas ? first + step : kMaxClusterCtas - step;
       const int64_t chunk = ceil_div(g_.n_packs, cluster);
       auto shape = cache_shape(chunk, g_, max_threads, budget);
       if (!shape) continue;
@@ -736,13 +732,13 @@ class Chooser {
                     std::to_string(props_.cc_major) + "." + std::to_string(props_.cc_minor));
       }
       const int64_t fill = std::max<int64_t>(2, ceil_div(props_.sm_count, g_.rows));
-      const int first = static_cast<int>(std::min<int64_t>(fill, Heuristics::kClusterMax));
+      const int first = static_cast<int>(std::min<int64_t>(fill, kMaxClusterCtas));
       for (int start : {first, 2}) {
         if (auto choice = try_clusters(start, false)) return *choice;
         if (auto choice = try_clusters(start, true)) return *choice;
       }
       return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds the registers + shared memory of a " +
-                  "cluster of " + std::to_string(Heuristics::kClusterMax) + " CTAs");
+                  "cluster of " + std::to_string(kMaxClusterCtas) + " CTAs");
     }
     if (name == "grid_onepass") {
       if (auto choice = grid_group(/*forced=*/true)) return *choice;

@@ -75,6 +75,17 @@ constexpr int kLeanWideRegPacks = 4;
 // instance's bytes in flight (128 KB per SM), CTAs of up to 256 threads, 4 per SM, <= 64 registers.
 constexpr int kLeanFloatCtaThreads = 256;
 constexpr int kLeanFloatRegPacks = 8;
+// The lean form's register packs for rows of `in_bytes`-byte input streams, or 0 where there is none (float64):
+// the backward (16- or 32-bit streams, whatever its result dtype) kLeanRegPacks; the float32 forward
+// kLeanFloatRegPacks; the 16-bit forward kLeanRegPacks, or kLeanWideRegPacks for `wide` rows (more than
+// kLeanWideMinPacks packs, softmax_dispatch.cpp). The dispatcher plans with it (lean_rows) and
+// softmax_block.cu compiles exactly these instances.
+constexpr int lean_reg_packs(int in_bytes, bool backward, bool wide) {
+  if (in_bytes != 2 && in_bytes != 4) return 0;
+  if (backward) return kLeanRegPacks;
+  if (in_bytes == 4) return kLeanFloatRegPacks;
+  return wide ? kLeanWideRegPacks : kLeanRegPacks;
+}
 // Launch bounds of the lean instance with PREG register packs.
 constexpr int lean_cta_threads(int reg_packs) {
   return reg_packs == kLeanWideRegPacks    ? kLeanWideCtaThreads
