@@ -88,15 +88,22 @@ def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool) -> int:
     return block_capacity_packs_for(dtype, vec, backward, smem_optin())
 
 
-def row_vec(n: int, dtype: torch.dtype) -> int:
-    """Vector width the dispatcher uses for a fresh contiguous row of length n."""
-    return vec16(dtype) if n % vec16(dtype) == 0 else 1
+# Kernels with a peeled form: rows whose length breaks 16-byte packs run as each row's aligned body in packs
+# plus the few elements around it singly (softmax_kernel_common.cuh: RowEdges); the others take single elements.
+PEELED_KERNELS = ["block_onepass", "cluster_onepass", "grid_onepass", "two_pass"]
+
+
+def row_vec(n: int, dtype: torch.dtype, kernel: str | None = None) -> int:
+    """Vector width the dispatcher uses for a fresh contiguous row of length n (forced `kernel`)."""
+    return vec16(dtype) if n % vec16(dtype) == 0 or kernel in PEELED_KERNELS else 1
 
 
 def kernel_handles(kernel: str, n: int, dtype: torch.dtype, backward: bool = False) -> bool:
-    """Whether a forced kernel can run rows of length n (reduced dim last), per the dispatcher's rules."""
-    vec = row_vec(n, dtype)
-    packs = -(-n // vec)
+    """Whether a forced kernel can run rows of length n (reduced dim last), per the dispatcher's rules.
+    Peeled rows count the packs of their longest body (n // vec); beyond a peeled plan's reach the kernel
+    falls back to single elements, which reach less far, except the grid group's streamed form."""
+    vec = row_vec(n, dtype, kernel)
+    packs = n // vec if vec > 1 else n
     if kernel == "warp":
         return packs <= WARP_LANES * WARP_MAX_PACKS
     if kernel == "block_onepass":
@@ -107,7 +114,7 @@ def kernel_handles(kernel: str, n: int, dtype: torch.dtype, backward: bool = Fal
         )  # comfortably inside 16 CTAs
     if kernel == "grid_onepass":
         # at least 2 CTAs per row; beyond what its CTAs cache, the rest of each chunk is streamed (any n)
-        return packs >= 2
+        return packs >= 2 or (n % vec16(dtype) != 0 and n >= 2)  # too short to peel: single elements
     return True
 
 
@@ -134,6 +141,8 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
         # thread counts in warps of max_block_reg_packs packs each, up to 512 and 1024 threads
         sizes |= {128 * v, 129 * v, 512 * v, 513 * v, 1024 * v + v, 2048 * v + v}
         sizes |= {256 * v, 257 * v, 4099, regs * v, regs * v + v, cap * v - v, cap * v, cap_scalar - 1}
+        # peeled rows: up to cap whole packs in the longest body
+        sizes |= {cap * v + 1, cap * v + v - 1}
     elif kernel == "cluster_onepass":
         sizes |= {16 * v - 1, 16 * v + 1, 4096 + v, 100003, 262144, 300007}
     elif kernel == "grid_onepass":
@@ -147,7 +156,8 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
         streamed = grid_stream_threshold_packs(dtype, v, backward) * v
         sizes |= {streamed + v}
         if dtype == torch.float32:
-            sizes |= {streamed, grid_stream_threshold_packs(dtype, 1, backward) + 1}
+            # odd rows: peeled while the body's chunks fit, then streamed with single elements
+            sizes |= {streamed, grid_stream_threshold_packs(dtype, 1, backward) + 1, streamed + 1}
     elif kernel == "two_pass":
         sizes |= {2048 * v - v, 2048 * v, 2048 * v + v, 100003, 1 << 20}
     elif kernel == "split_row":
@@ -437,12 +447,100 @@ def test_autograd_end_to_end(dtype, op):
         assert_within_2x_torch(ours_x.grad, torch_x.grad, ref_x.grad)
 
 
+# ------------------------------------------------------------------------------------ peeled rows
+
+
+def peeled_sizes(dtype: torch.dtype) -> list[int]:
+    """Row lengths that break 16-byte packs: shorter than one pack (edges only), one pack +- 1, a body of many
+    packs with the longest tail, GPT-2's 50257 words, 4095."""
+    v = vec16(dtype)
+    sizes = {1, v - 1, v + 1, 2 * v - 1, 3 * v + 1, 64 * v + v - 1, 4095, 50257}
+    return sorted(n for n in sizes if n >= 1 and n % v != 0)
+
+
+def assert_peeled(shape, dtype, op):
+    text = softmax_ops.explain(shape, dtype, op=op)
+    assert "rows peeled" in text and f"{vec16(dtype)} element(s) per access" in text, text
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel", PEELED_KERNELS)
+@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
+def test_peeled_rows_forward(kernel, in_dtype, out_dtype, op):
+    """2 v + 1 rows of a length that breaks v-element packs start at every element phase, so every head and
+    tail length (0 .. v - 1) occurs; the forced kernel runs them peeled (explain says so)."""
+    v = vec16(in_dtype)
+    for n in peeled_sizes(in_dtype):
+        if not kernel_handles(kernel, n, in_dtype):
+            continue
+        x = make_input((2 * v + 1, n), in_dtype, seed=n)
+        with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+            if out_dtype is None and n >= 2 * v:
+                assert_peeled(tuple(x.shape), in_dtype, op)
+            check_forward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel", PEELED_KERNELS)
+@pytest.mark.parametrize("in_dtype,out_dtype", BACKWARD_DTYPES, ids=BACKWARD_DTYPE_IDS)
+def test_peeled_rows_backward(kernel, in_dtype, out_dtype, op):
+    read_dtype = out_dtype or in_dtype
+    v = vec16(read_dtype)
+    for n in peeled_sizes(read_dtype):
+        if not kernel_handles(kernel, n, read_dtype, backward=True):
+            continue
+        x = make_input((2 * v + 1, n), in_dtype, seed=n + 1)
+        with softmax_ops.force_kernel(BACKWARD_FAMILY, kernel):
+            check_backward(op, x, -1, out_dtype)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("kernel", PEELED_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_peeled_rows_special_values(kernel, dtype, op):
+    """special_rows (NaN in the last column, +inf mid-row, all / some -inf, huge magnitudes) on 4095 columns:
+    the specials sit in tails and bodies of rows at different phases; a NaN and a +inf in the first column
+    (a head) of two more rows."""
+    x = special_rows(4095, dtype)
+    extra = make_input((2, 4095), torch.float64, seed=5).to(dtype)
+    extra[0, 0] = float("nan")
+    extra[1, 0] = float("inf")
+    x = torch.cat([x, extra]).cuda()
+    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
+        out = check_forward(op, x, -1)
+    assert torch.isnan(out[2]).all() and torch.isnan(out[-1]).all() and torch.isnan(out[-2]).all()
+
+
+@pytest.mark.parametrize("shape", [(300, 4095), (140, 50257), (133, 1001)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_automatic_plan_peels_many_rows(shape, dtype):
+    """Many rows of a length that breaks packs: the dispatcher's own plan runs them peeled."""
+    x = make_input(shape, dtype, seed=shape[1])
+    for op in OPS:
+        if shape[1] * x.element_size() > 2048:  # shorter rows stay with the warp kernel (single elements)
+            assert_peeled(shape, dtype, op)
+            assert_peeled(shape, dtype, f"{op}_backward")
+        check_forward(op, x)
+        check_backward(op, x, -1, None)
+
+
+def test_rows_in_different_phases_are_not_peeled():
+    """An input whose storage starts mid-pack (offset 1) and a fresh output are in different phases: no
+    common aligned body, so single elements; the answer is right either way."""
+    flat = make_input((300 * 4095 + 1,), torch.float16, seed=3)
+    x = flat[1:].view(300, 4095)
+    with softmax_ops.force_kernel(FORWARD_FAMILY, "block_onepass"):
+        check_forward("softmax", x)
+    check_forward("log_softmax", x)
+
+
 # ------------------------------------------------------------------------------------ grid-stride loops
 
 # Enough rows that the grid is capped (8 waves of resident CTAs) and CTAs loop over several rows.
 GRID_STRIDE_CASES = [
     ("warp", (2_100_003, 2)),
     ("block_onepass", (200_003, 8)),
+    ("block_onepass", (20_003, 1001)),  # peeled: every CTA's rows start at different phases
     ("cluster_onepass", (101_003, 8)),  # clusters of 2 CTAs, 33792 of them, up to 3 rows each: the cluster
                                         # barrier across rows and the reuse of its double buffer
     ("two_pass", (200_003, 8)),
@@ -677,11 +775,13 @@ def test_explain_reports_forced_kernel_and_its_limits():
 DETERMINISM_CASES = [
     ("warp", (1000, 1000)),
     ("block_onepass", (64, 30000)),
-    ("cluster_onepass", (3, 100003)),
+    ("block_onepass", (64, 30001)),  # peeled
+    ("cluster_onepass", (3, 100003)),  # peeled
     ("grid_onepass", (3, 100003)),
     ("grid_onepass", (4, 1 << 20)),
     ("grid_onepass", (3, 5_000_000)),  # streams the rest of each chunk
     ("two_pass", (8, 200000)),
+    ("two_pass", (8, 200001)),  # peeled
     ("split_row", (3, 1 << 21)),
     ("strided", (64, 512, 33)),
 ]
@@ -706,6 +806,7 @@ def test_bitwise_deterministic(kernel, shape):
     "kernel,shape",
     [
         (None, (512, 1000)),
+        (None, (300, 4095)),  # peeled
         ("split_row", (3, 300000)),
         ("cluster_onepass", (4, 262144)),
         ("grid_onepass", (4, 262144)),

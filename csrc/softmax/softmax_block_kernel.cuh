@@ -403,7 +403,10 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   }
 }
 
-template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false>
+// kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel); the group's
+// first CTA holds the edges, one per thread. Not with kPrefetch, kStreamRest or kLean (never planned).
+template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false,
+          bool kPeel = false>
 __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
@@ -413,6 +416,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
+  static_assert(!(kPeel && (kPrefetch || kStreamRest || kLean)), "peeled rows: the plain instance only");
   if constexpr (kLean) {
     if constexpr (S == 1) {
       exp_once_rows<Op, VEC, PREG>(args);
@@ -488,15 +492,32 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   int parity = 0;              // the row's: picks its shared buffers and inbox slots
   unsigned exchanges = 0;      // rows exchanged: each parity's inbox mbarrier is in phase (exchanges / 2) % 2
   for (int64_t row = blockIdx.x / cluster.size; row < args.rows; row += clusters_in_grid, parity ^= 1) {
-    const int64_t row_offset = row * args.n;
+    int64_t row_offset = row * args.n;  // of the packs: the row's start, or its body's (kPeel)
+    // This row's cached packs of the chunk, [chunk_begin, chunk_cached_end): kPeel rows' bodies differ in length
+    // by a pack, so their chunks are set per row; the row's edges, and the one this thread holds (the group's
+    // first CTA, a thread per edge).
+    int64_t chunk_begin = begin;
+    int64_t chunk_cached_end = cached_end;
+    [[maybe_unused]] RowEdges<VEC> edges{};
+    [[maybe_unused]] C edge[S];
+    if constexpr (kPeel) {
+      edges = row_edges<VEC>(args, row);
+      const int64_t row_chunk = (edges.packs + cluster.size - 1) / cluster.size;
+      chunk_begin = min(edges.packs, static_cast<int64_t>(cluster.rank) * row_chunk);
+      const int64_t chunk_end = min(edges.packs, chunk_begin + row_chunk);
+      chunk_cached_end = min(chunk_end, chunk_begin + static_cast<int64_t>(threads) * (PREG + smem_packs));
+      if (chunk_cached_end < chunk_end) __trap();  // dispatcher bug guard
+      load_edge(args, row_offset, edges, cluster.rank == 0 ? tid : -1, edge);
+      row_offset += edges.head;
+    }
 
     // Shared-memory packs first, as asynchronous copies when they are 16 bytes, so they are in flight
     // while the register packs load. Each thread reads back only its own slots: no barrier, just a wait.
     for (int p = 0; p < smem_packs; ++p) {
-      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
+      const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        if (k >= cached_end) {
+        if (k >= chunk_cached_end) {
           spill_slot(s, p) = filled_pack<In, VEC>(Op::pad(s));
         } else if constexpr (kAsyncFill) {
           copy_async_16(&spill_slot(s, p), args.in[s] + row_offset + k * VEC);
@@ -526,10 +547,10 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     } else {
 #pragma unroll
       for (int p = 0; p < PREG; ++p) {
-        const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
+        const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
 #pragma unroll
         for (int s = 0; s < S; ++s) {
-          cache[s][p] = k < cached_end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC)
+          cache[s][p] = k < chunk_cached_end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC)
                                        : filled_pack<In, VEC>(Op::pad(s));
         }
       }
@@ -586,7 +607,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     // 0.78, 4 x 32768 0.63 -> 0.76, 4 x 262144 0.60 -> 0.66, 128 x 2048 0.77 -> 0.86, others within noise;
     // bf16 within noise (-0.04..+0.03) except 128 x 2048 0.90 -> 0.77 (*session6-ab3-*.json).
     constexpr bool kExpLocal = Op::kStreams == 1 && std::is_same_v<C, float> && sizeof(Out) == 2 && VEC > 1 &&
-                               PREG * VEC <= 16 && !kPrefetch && !kStreamRest;
+                               PREG * VEC <= 16 && !kPrefetch && !kStreamRest && !kPeel;
     const bool exp_local = kExpLocal && !op.log && smem_packs == 0;
     float local_exp[kExpLocal ? PREG : 1][VEC];
     float local_max = 0.0f;
@@ -611,6 +632,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     }
     if (!exp_local) acc = op.template accumulate<kChains>(Op::identity(), visit);
     if constexpr (kStreamRest) acc = Op::merge(acc, streamed);
+    if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = block_all_reduce<Op>(acc, partials, parity);
 
     if (in_grid_group) {
@@ -644,6 +666,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       acc = row_result[parity];
     }
     const typename Op::Row row_consts = op.finalize(acc);
+    if constexpr (kPeel) store_edge(args, row * args.n, edges, cluster.rank == 0 ? tid : -1, row_consts, edge);
 
     if constexpr (kExpLocal) {
       if (exp_local) {
@@ -651,8 +674,8 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
         const float scale = ExpMath<float>::exp_from(local_max, row_consts.max) * row_consts.inv_sum;
 #pragma unroll
         for (int p = 0; p < PREG; ++p) {
-          const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
-          if (k < cached_end) {
+          const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
+          if (k < chunk_cached_end) {
             Pack<Out, VEC> result;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(local_exp[p][j] * scale);
@@ -678,12 +701,12 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     if constexpr (kStreamRest) write_packs<Op, VEC>(op, row_consts, row_in, args.out + row_offset, cached_end, end, tid, threads);
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
-      const int64_t k = begin + static_cast<int64_t>(p) * threads + tid;
-      if (k < cached_end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
+      const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
+      if (k < chunk_cached_end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
     }
     for (int p = 0; p < smem_packs; ++p) {
-      const int64_t k = begin + static_cast<int64_t>(PREG + p) * threads + tid;
-      if (k < cached_end) {
+      const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
+      if (k < chunk_cached_end) {
         const auto staged = staged_slot(p);
         write_pack(k, [&](int s) -> const PackIn& { return staged.stream[s]; });
       }

@@ -37,13 +37,13 @@ const char* family_of(bool backward) { return backward ? "softmax_backward" : "s
 // one was refused).
 SoftmaxPlan cached_plan(const SoftmaxRequest& request, int device, std::string* error,
                         const SoftmaxChoice* replacement = nullptr) {
-  using Key = std::tuple<int, bool, bool, int, int, int64_t, int64_t, int64_t, bool, std::string>;
+  using Key = std::tuple<int, bool, bool, int, int, int64_t, int64_t, int64_t, bool, bool, std::string>;
   constexpr size_t kMaxEntries = 4096;
   static std::mutex mutex;
   static std::map<Key, SoftmaxChoice> choices;
   const SoftmaxProblem& p = request.problem;
   const Key key{device, p.backward, p.log, static_cast<int>(p.in_dtype), static_cast<int>(p.out_dtype),
-                p.outer, p.n, p.inner, request.vector_aligned, request.forced};
+                p.outer, p.n, p.inner, request.vector_aligned, request.rows_share_phase, request.forced};
   std::lock_guard<std::mutex> lock(mutex);
   if (replacement != nullptr) {
     choices[key] = *replacement;
@@ -75,6 +75,7 @@ void run(const char* op, const SoftmaxProblem& problem, SoftmaxPointers ptrs, co
   SoftmaxRequest request;
   request.problem = problem;
   request.vector_aligned = pointers_vector_aligned(problem, ptrs);
+  request.rows_share_phase = pointers_share_phase(problem, ptrs);
   request.forced = kernel_override(family_of(problem.backward));
   std::string error;
   const SoftmaxPlan plan = cached_plan(request, device, &error);

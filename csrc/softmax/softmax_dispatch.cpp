@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <tuple>
 
 namespace softmax_ops {
@@ -185,6 +186,8 @@ struct Geometry {
   int streams;         // input arrays read per element: 1 forward, 2 backward
   int in_bytes;
   int vec;             // elements per pack
+  bool peel;           // 16-byte packs for a row whose length or start breaks them: its aligned body (n_packs is
+                       // the longest body's) plus single edge elements (plan.peel)
   int pack_bytes;      // bytes per pack of one stream
   int64_t n_packs;     // packs per row
   int64_t rows;
@@ -192,15 +195,28 @@ struct Geometry {
   int max_reg_packs;   // block kernel register cache (max_block_reg_packs)
 };
 
-Geometry geometry_of(const SoftmaxRequest& request) {
+bool whole_packs(const SoftmaxRequest& request) {
+  const SoftmaxProblem& p = request.problem;
+  return p.inner == 1 && request.vector_aligned && p.n % (16 / dtype_bytes(p.in_dtype)) == 0;
+}
+
+// Rows that break 16-byte packs but can be read peeled: the reduced dim last, every pointer in one element phase.
+bool peelable(const SoftmaxRequest& request) {
+  return request.problem.inner == 1 && request.rows_share_phase && !whole_packs(request);
+}
+
+// peel: the peeled geometry of a peelable request (16-byte packs of each row's aligned body); otherwise whole
+// 16-byte packs where every row allows them, else single elements.
+Geometry geometry_of(const SoftmaxRequest& request, bool peel = false) {
   const SoftmaxProblem& p = request.problem;
   Geometry g;
   g.streams = p.backward ? 2 : 1;
   g.in_bytes = dtype_bytes(p.in_dtype);
   const int vec16 = 16 / g.in_bytes;
-  g.vec = (p.inner == 1 && request.vector_aligned && p.n % vec16 == 0) ? vec16 : 1;
+  g.peel = peel && peelable(request);
+  g.vec = whole_packs(request) || g.peel ? vec16 : 1;
   g.pack_bytes = g.vec * g.in_bytes;
-  g.n_packs = ceil_div(p.n, g.vec);
+  g.n_packs = g.peel ? p.n / g.vec : ceil_div(p.n, g.vec);  // peeled: the longest body (a row with no head)
   g.rows = p.rows();
   g.row_bytes = p.n * g.in_bytes * g.streams;
   g.max_reg_packs = max_block_reg_packs(p.in_dtype, p.backward);
@@ -219,6 +235,7 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kWarp;
   plan.vec = g.vec;
+  if (g.peel) throw std::logic_error("softmax_ops: a peeled warp plan (the Chooser plans single elements)");
   plan.threads = kWarpKernelThreads;
   if (g.n_packs <= 32) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
@@ -255,7 +272,8 @@ struct CacheShape {
 std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget,
                                       int spread_threads = 0) {
   packs = std::max<int64_t>(packs, 1);
-  if (spread_threads > 0 && g.vec > 1) {
+  // Peeled rows have the most register packs only (softmax_block.cu compiles no other bucket for them).
+  if (spread_threads > 0 && g.vec > 1 && !g.peel) {
     for (int reg_packs = 1; reg_packs < g.max_reg_packs; reg_packs *= 2) {
       const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
       if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
@@ -289,7 +307,7 @@ int64_t exclusive_smem_budget(const DeviceProps& props) {
 // waves) fp16 0.92 -> 0.88, fp32 0.96 -> 0.90. Forced block_onepass always prefetches (the tests' way in).
 void add_row_prefetch(SoftmaxPlan& plan, const Geometry& g, const DeviceProps& props, bool forced) {
   // Forward only (a compiled variant per forward dtype pair), register-only rows, 16-byte packs.
-  if (g.streams != 1 || plan.cluster != 1 || plan.smem_packs != 0 || g.vec == 1 || g.rows < 2) return;
+  if (g.streams != 1 || plan.cluster != 1 || plan.smem_packs != 0 || g.vec == 1 || g.peel || g.rows < 2) return;
   if (plan.reg_packs != g.max_reg_packs) return;
   const int64_t staging = static_cast<int64_t>(plan.reg_packs) * plan.threads * g.pack_bytes * g.streams;
   // Resident CTAs per SM: the 64-register budget (1024 threads), 32 CTAs, and shared memory.
@@ -307,6 +325,7 @@ SoftmaxPlan one_pass_plan(SoftmaxKernel kernel, const Geometry& g, const CacheSh
   SoftmaxPlan plan;
   plan.kernel = kernel;
   plan.vec = g.vec;
+  plan.peel = g.peel;
   plan.threads = shape.threads;
   plan.reg_packs = shape.reg_packs;
   plan.smem_packs = shape.smem_packs;
@@ -327,6 +346,7 @@ SoftmaxPlan plan_two_pass(const Geometry& g, const DeviceProps& props) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kTwoPass;
   plan.vec = g.vec;
+  plan.peel = g.peel;
   plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(g.n_packs, 32), 32, Heuristics::kTwoPassThreads));
   plan.grid = std::min(g.rows, grid_cap(props, plan.threads));
   return plan;
@@ -347,6 +367,7 @@ SoftmaxPlan plan_grid_group(const Geometry& g, const CacheShape& shape, int64_t 
 SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool forced) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kSplitRow;
+  if (g.peel) throw std::logic_error("softmax_ops: a peeled split_row plan (the Chooser plans single elements)");
   plan.vec = g.vec;
   const int64_t want = static_cast<int64_t>(Heuristics::kSplitCtasPerSm * props.sm_count / g.rows + 0.999);
   const int64_t most = std::max<int64_t>(1, g.n_packs * g.pack_bytes / Heuristics::kSplitMinChunkBytes);
@@ -378,8 +399,8 @@ SoftmaxPlan plan_strided(const SoftmaxProblem& p, const DeviceProps& props) {
 
 class Chooser {
  public:
-  Chooser(const SoftmaxRequest& request, const DeviceProps& props)
-      : request_(request), p_(request.problem), props_(props), g_(geometry_of(request)) {}
+  Chooser(const SoftmaxRequest& request, const DeviceProps& props, bool peel = false)
+      : request_(request), p_(request.problem), props_(props), g_(geometry_of(request, peel)) {}
 
   SoftmaxChoice choose() {
     if (!request_.forced.empty()) return forced();
@@ -395,11 +416,28 @@ class Chooser {
                                            "row in registers, no block barrier");
     }
     const bool few_rows = static_cast<double>(g_.rows) < Heuristics::kFewRowsPerSm * props_.sm_count;
-    return few_rows ? choose_few_rows() : choose_many_rows();
+    if (few_rows) return choose_few_rows();
+    // Many rows that break 16-byte packs: peeled (the few-rows plans keep single elements: latency-bound, and
+    // their spread CTA shapes have no peeled instances).
+    if (peelable(request_)) return Chooser(request_, props_, /*peel=*/true).choose_many_rows();
+    return choose_many_rows();
   }
 
  private:
+  // What a peeled plan adds to its reason.
+  std::string peel_note() const {
+    const int vec = 16 / g_.in_bytes;
+    return "; the row (" + std::to_string(p_.n) + " columns) breaks " + std::to_string(vec) + "-element packs: each " +
+           "row's aligned body in packs, the up to " + std::to_string(2 * (vec - 1)) + " elements around it singly";
+  }
+
   SoftmaxChoice choose_many_rows() {
+    SoftmaxChoice choice = choose_many_rows_plan();
+    if (choice.plan.peel) choice.reason += peel_note();
+    return choice;
+  }
+
+  SoftmaxChoice choose_many_rows_plan() {
     if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
       add_row_prefetch(plan, g_, props_, /*forced=*/false);
@@ -422,9 +460,11 @@ class Chooser {
                                                "cluster; rows keep every SM busy: one CTA per row, online " +
                                                "(max, sum) pass then a re-read");
     }
-    return ok(plan_split_row(g_, props_, false), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even " +
-                                                     "in a cluster, and rows alone cannot fill the SMs: " +
-                                                     "partials per chunk, merged in fixed order, then a re-read");
+    // split_row has no peeled form: single elements for such rows.
+    const Geometry split_g = g_.peel ? geometry_of(request_) : g_;
+    return ok(plan_split_row(split_g, props_, false), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even " +
+                                                          "in a cluster, and rows alone cannot fill the SMs: " +
+                                                          "partials per chunk, merged in fixed order, then a re-read");
   }
 
   SoftmaxChoice choose_few_rows() {
@@ -525,7 +565,7 @@ class Chooser {
   // softmax had been 2-7% faster than the 64-register instance on these shapes (session 17 call 3's bench).
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
+    if (props_.cc_major < 9 || g_.vec == 1 || g_.peel) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
@@ -556,7 +596,7 @@ class Chooser {
   // 128 x 2048 fp16 0.78 -> 0.89, bf16 0.77 -> 0.90. With 4 packs per lane or fp32 rows the warp kernel
   // was as fast or faster (128 x 1024 fp16 0.85 vs 0.77, 264 x 512 fp16 0.96 vs 0.81, fp32 0.91 vs 0.83).
   std::optional<SoftmaxChoice> spread_small_rows() {
-    if (g_.vec == 1 || p_.backward || g_.in_bytes != 2) return std::nullopt;
+    if (g_.vec == 1 || g_.peel || p_.backward || g_.in_bytes != 2) return std::nullopt;
     if (g_.rows > Heuristics::kSmallRowsPerSm * props_.sm_count || g_.n_packs <= 4 * 32) return std::nullopt;
     const auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_),
                                    Heuristics::kSmallRowSpreadThreads);
@@ -614,7 +654,7 @@ class Chooser {
   // 193.3); at 7.8x split_row now wins (*session18-c8-tune-7x*: softmax 4 x 33554432 fp16 292.8 vs 326.5 us,
   // 8 x 8388608 fp32 287.9 vs 316.0), and at 3.9x the grid group (8 x 8388608 fp16 146.1 vs 151.6).
   std::optional<SoftmaxChoice> grid_group_streamed(bool forced) {
-    if (!clusters_supported()) return std::nullopt;
+    if (!clusters_supported() || g_.peel) return std::nullopt;  // no peeled streaming instance
     const int64_t ctas_per_row = std::min<int64_t>(2 * props_.sm_count / g_.rows, g_.n_packs);
     if (ctas_per_row < 2) return std::nullopt;
     const int threads = Heuristics::kGridCtaThreads;
@@ -672,14 +712,14 @@ class Chooser {
                              static_cast<int64_t>(plan.smem_bytes) <= shared_smem_budget(props_);
       return props_.sm_count * (shares_sm ? 2 : 1) / plan.cluster;
     }
-    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool, bool, bool>;
+    using Key = std::tuple<int, int, int, bool, int, int, int, size_t, int, bool, bool, bool, bool>;
     static std::mutex mutex;
     static std::map<Key, int> known;
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess) return 0;
     const Key key{device,      static_cast<int>(p_.in_dtype), static_cast<int>(p_.out_dtype), p_.backward,
                   plan.vec,    plan.reg_packs,                plan.threads,                   plan.smem_bytes,
-                  plan.cluster, plan.prefetch, plan.stream_rest, plan.lean};
+                  plan.cluster, plan.prefetch, plan.stream_rest, plan.lean, plan.peel};
     std::lock_guard<std::mutex> lock(mutex);
     auto it = known.find(key);
     if (it == known.end()) it = known.emplace(key, softmax_max_resident(p_, plan, props_.sm_count)).first;
@@ -701,6 +741,14 @@ class Chooser {
 
   SoftmaxChoice forced() {
     const std::string& name = request_.forced;
+    // The kernels with a peeled form run peelable rows peeled when they can (grid_onepass: unless its chunks
+    // must be streamed); the others, and those cases, with single elements.
+    const bool has_peeled_form =
+        name == "block_onepass" || name == "cluster_onepass" || name == "grid_onepass" || name == "two_pass";
+    if (!g_.peel && has_peeled_form && peelable(request_)) {
+      SoftmaxChoice choice = Chooser(request_, props_, /*peel=*/true).forced();
+      if (choice.error.empty()) return choice;
+    }
     const std::string prefix = "the forced kernel '" + name + "' (softmax_ops.force_kernel) cannot run this " +
                                "problem (rows=" + std::to_string(g_.rows) + ", n=" + std::to_string(p_.n) +
                                ", inner=" + std::to_string(p_.inner) + ", " + dtype_name(p_.in_dtype) + "): ";
@@ -796,6 +844,18 @@ SoftmaxChoice choose_softmax_kernel(const SoftmaxRequest& request, const DeviceP
   return Chooser(request, props).choose();
 }
 
+bool pointers_share_phase(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs) {
+  const uintptr_t vec = static_cast<uintptr_t>(16 / dtype_bytes(problem.in_dtype));
+  auto phase = [&](const void* ptr, DType dtype) {
+    const uintptr_t bytes = static_cast<uintptr_t>(dtype_bytes(dtype));
+    const uintptr_t address = reinterpret_cast<uintptr_t>(ptr);
+    return address % bytes != 0 ? ~uintptr_t{0} : address / bytes % vec;  // misaligned elements: no phase
+  };
+  const uintptr_t first = phase(ptrs.in0, problem.in_dtype);
+  if (first == ~uintptr_t{0} || phase(ptrs.out, problem.out_dtype) != first) return false;
+  return ptrs.in1 == nullptr || phase(ptrs.in1, problem.in_dtype) == first;
+}
+
 bool pointers_vector_aligned(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs) {
   const int in_bytes = dtype_bytes(problem.in_dtype);
   const uintptr_t out_pack = static_cast<uintptr_t>(16 / in_bytes * dtype_bytes(problem.out_dtype));
@@ -831,6 +891,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.lean) {
         s += ", lean instance (a CTA per row, <= " + std::to_string(lean_max_registers(plan.reg_packs)) + " registers)";
       }
+      if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " CTAs per row (its blocks of " + to_string(plan.threads) +
@@ -840,6 +901,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       s += " (" + to_string(plan.block_x) + " across inner x " + to_string(plan.threads / plan.block_x) + " along n)";
       break;
     case SoftmaxKernel::kTwoPass:
+      if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
       break;
   }
   return s;

@@ -30,6 +30,7 @@ const DeviceProps& device_props(int device);
 struct SoftmaxRequest {
   SoftmaxProblem problem;
   bool vector_aligned = true;  // every pointer allows 16-byte packs (see pointers_vector_aligned)
+  bool rows_share_phase = true;  // every pointer in one element phase: rows can be peeled (pointers_share_phase)
   std::string forced;          // a kernel name from softmax_ops::kernel_override, "" = automatic
 };
 
@@ -43,6 +44,10 @@ SoftmaxChoice choose_softmax_kernel(const SoftmaxRequest& request, const DeviceP
 
 // Whether in0/in1/out allow 16-byte packs of the input dtype (and the matching output packs).
 bool pointers_vector_aligned(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs);
+
+// Whether in0/in1/out share one element phase (address / element size, modulo the input's 16-byte pack): then
+// every row's aligned body starts at the same column for all of them, and rows can be peeled (plan.peel).
+bool pointers_share_phase(const SoftmaxProblem& problem, const SoftmaxPointers& ptrs);
 
 const char* softmax_kernel_name(SoftmaxKernel kernel);
 std::vector<std::string> softmax_kernel_names();

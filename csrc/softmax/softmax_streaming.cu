@@ -20,10 +20,19 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) -> cudaError_t {
       constexpr int kVec = std::decay_t<decltype(vec)>::value;
       if (plan.kernel == SoftmaxKernel::kTwoPass) {
+        if (plan.peel) {
+          if constexpr (kVec > 1) {
+            softmax_two_pass_kernel<Op, kVec, /*kPeel=*/true><<<grid, plan.threads, 0, stream>>>(args);
+            return cudaGetLastError();
+          } else {
+            return cudaErrorInvalidValue;  // never planned: peeled rows read their body in 16-byte packs
+          }
+        }
         softmax_two_pass_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args);
         return cudaGetLastError();
       }
-      if (plan.kernel != SoftmaxKernel::kSplitRow || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
+      // split_row has no peeled form (the dispatcher plans it with single elements for such rows).
+      if (plan.kernel != SoftmaxKernel::kSplitRow || plan.peel || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
       Acc* partials = static_cast<Acc*>(ptrs.workspace);
       softmax_split_partials_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
       cudaError_t err = cudaGetLastError();

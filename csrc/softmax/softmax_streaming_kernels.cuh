@@ -117,19 +117,34 @@ __device__ __forceinline__ void row_pointers(const RowArgs<Op>& args, int64_t ro
   for (int s = 0; s < Op::kStreams; ++s) in[s] = args.in[s] + row * args.n;
 }
 
-template <typename Op, int VEC>
+// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges).
+template <typename Op, int VEC, bool kPeel = false>
 __global__ void __launch_bounds__(kStreamingMaxThreads) softmax_two_pass_kernel(RowArgs<Op> args) {
   using Acc = typename Op::Acc;
   __shared__ Acc partials[2][kWarpSize];
   const Op op = args.op;
-  const int64_t n_packs = args.n / VEC;
+  int64_t n_packs = args.n / VEC;
   int parity = 0;
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x, parity ^= 1) {
     const typename Op::In* in[Op::kStreams];
     row_pointers(args, row, in);
+    typename Op::Out* out = args.out + row * args.n;
+    [[maybe_unused]] RowEdges<VEC> edges{};
+    [[maybe_unused]] typename Op::C edge[Op::kStreams];
+    if constexpr (kPeel) {
+      edges = row_edges<VEC>(args, row);
+      load_edge(args, row * args.n, edges, threadIdx.x, edge);
+      n_packs = edges.packs;
+#pragma unroll
+      for (int s = 0; s < Op::kStreams; ++s) in[s] += edges.head;
+      out += edges.head;
+    }
     Acc acc = fold_packs<Op, VEC>(op, in, 0, n_packs, threadIdx.x, blockDim.x);
+    if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = block_all_reduce<Op>(acc, partials, parity);
-    write_packs<Op, VEC>(op, op.finalize(acc), in, args.out + row * args.n, 0, n_packs, threadIdx.x, blockDim.x);
+    const typename Op::Row row_consts = op.finalize(acc);
+    if constexpr (kPeel) store_edge(args, row * args.n, edges, threadIdx.x, row_consts, edge);
+    write_packs<Op, VEC>(op, row_consts, in, out, 0, n_packs, threadIdx.x, blockDim.x);
   }
 }
 

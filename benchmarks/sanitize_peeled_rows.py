@@ -1,0 +1,54 @@
+"""Peeled rows (lengths that break 16-byte packs: each row's aligned body in packs, the elements around it
+singly) on every kernel with a peeled form, forced, plus the automatic many-rows plan: forward, log and
+backward, every result checked against float64, for compute-sanitizer.
+
+Run it without PyTorch's caching allocator, so that every tensor is its own allocation and a read or write
+one element past a row's end is outside it:
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 benchmarks/sanitize_peeled_rows.py
+"""
+import contextlib
+
+import torch
+
+import softmax_ops
+
+KERNELS = ("block_onepass", "cluster_onepass", "grid_onepass", "two_pass", None)  # None: the automatic plan
+# Rows starting at every phase (2 v + 1 rows for v <= 8), a body of one pack, bodies of many packs, 4095;
+# the automatic plan peels many rows only (at least one per SM).
+SHAPES = ((17, 9), (17, 31), (17, 4095), (3, 100003))
+AUTOMATIC_SHAPES = ((140, 4095), (140, 50257))
+
+
+def forced(family, kernel):
+    return softmax_ops.force_kernel(family, kernel) if kernel else contextlib.nullcontext()
+
+
+def main() -> None:
+    checked = 0
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for kernel in KERNELS:
+            for shape in SHAPES if kernel else AUTOMATIC_SHAPES:
+                x = torch.randn(shape, device="cuda", dtype=dtype) * 3
+                with forced("softmax", kernel):
+                    y = softmax_ops.softmax(x, -1)
+                    log_y = softmax_ops.log_softmax(x, -1)
+                x64 = x.double()
+                assert torch.allclose(y.double(), torch.softmax(x64, -1), atol=2e-3, rtol=2e-2), (dtype, kernel, shape)
+                assert torch.allclose(log_y.double(), torch.log_softmax(x64, -1), atol=5e-2, rtol=2e-2), (
+                    dtype, kernel, shape)
+                grad = torch.randn_like(y)
+                with forced("softmax_backward", kernel):
+                    dx = torch.ops.softmax_ops.softmax_backward(grad, y, -1, dtype)
+                    dlog = torch.ops.softmax_ops.log_softmax_backward(grad, log_y, -1, dtype)
+                y64, log64, grad64 = y.double(), log_y.double(), grad.double()
+                reference = y64 * (grad64 - (grad64 * y64).sum(-1, keepdim=True))
+                assert torch.allclose(dx.double(), reference, atol=5e-2, rtol=5e-2), (dtype, kernel, shape)
+                log_reference = grad64 - log64.exp() * grad64.sum(-1, keepdim=True)
+                assert torch.allclose(dlog.double(), log_reference, atol=5e-2, rtol=5e-2), (dtype, kernel, shape)
+                checked += 4
+    torch.cuda.synchronize()
+    print("checked", checked)
+
+
+if __name__ == "__main__":
+    main()
