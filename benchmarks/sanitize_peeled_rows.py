@@ -28,6 +28,8 @@ def main() -> None:
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for kernel in KERNELS:
             for shape in SHAPES if kernel else AUTOMATIC_SHAPES:
+                if kernel == "block_onepass" and shape[1] > 50000:
+                    continue  # the backward's two streams do not fit one CTA
                 x = torch.randn(shape, device="cuda", dtype=dtype) * 3
                 with forced("softmax", kernel):
                     y = softmax_ops.softmax(x, -1)

@@ -248,7 +248,8 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     ((2048, 50257), torch.float16, "softmax_backward", "cluster_onepass"),
     ((4096, 4095), torch.float16, "log_softmax", "block_onepass"),
     ((4096, 4095), torch.float32, "softmax_backward", "block_onepass"),
-    ((1000, 1001), torch.float16, "softmax", "block_onepass"),
+    ((1000, 1001), torch.float16, "softmax_backward", "block_onepass"),  # CTAs of 2 warps
+    ((8192, 1023), torch.float16, "softmax", "block_onepass"),  # CTAs of 1 warp, 62 rows per SM
     ((400, 4_000_001), torch.float32, "softmax", "two_pass"),
 ])
 def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel):
@@ -264,6 +265,8 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
     ((200, 4_000_001), torch.float32, "softmax", "split_row"),   # no peeled split_row
     ((65536, 63), torch.float32, "softmax", "warp"),             # no peeled warp kernel
+    ((1000, 1001), torch.float16, "softmax", "block_onepass"),   # one-warp CTAs, 7.6 rows per SM: measured slower
+    ((1000, 1001), torch.float32, "log_softmax", "block_onepass"),
 ])
 def test_other_rows_that_break_16_byte_packs_keep_single_elements(shape, dtype, op, kernel):
     line = plan_line(shape, dtype, op)

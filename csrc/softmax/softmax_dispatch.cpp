@@ -142,6 +142,9 @@ struct Heuristics {
   static constexpr int kStridedThreads = 256;
   static constexpr int kStridedThreadsFewTiles = 512;
 
+  // Peeled one-warp CTAs only with at least this many rows per SM (Chooser::too_few_warps).
+  static constexpr double kPeelOneWarpMinRowsPerSm = 16.0;
+
   // Persistent-style grids: at most this many waves of resident CTAs; each CTA loops over the rest.
   static constexpr int kGridWaves = 8;
 };
@@ -419,11 +422,27 @@ class Chooser {
     if (few_rows) return choose_few_rows();
     // Many rows that break 16-byte packs: peeled (the few-rows plans keep single elements: latency-bound, and
     // their spread CTA shapes have no peeled instances).
-    if (peelable(request_)) return Chooser(request_, props_, /*peel=*/true).choose_many_rows();
+    if (peelable(request_)) {
+      Chooser peeled(request_, props_, /*peel=*/true);
+      SoftmaxChoice choice = peeled.choose_many_rows();
+      if (!peeled.too_few_warps(choice.plan)) return choice;
+    }
     return choose_many_rows();
   }
 
  private:
+  // A peeled plan of one-warp CTAs (rows of at most 32 x 8 packs: the peeled instances hold the most register
+  // packs per thread) with fewer than kPeelOneWarpMinRowsPerSm rows per SM: a few warps per SM, each with a
+  // long chain per thread, where single elements spread the row over 4x the threads. H100, session 19 call 2
+  // (two interleaved runs each, us, single elements -> peeled; *session19-c2-compare*): softmax 1000 x 1001 (7.6
+  // rows per SM) fp16 8.3 / 8.3 -> 9.0 / 9.1, bf16 9.0 / 8.3 -> 9.9 / 9.3, fp32 9.5 / 8.9 -> 9.8 / 9.8, but 8192 x
+  // 1023 (62 per SM) fp16 32.5 / 32.3 -> 23.4 / 23.4, fp32 34.6 / 34.4 -> 30.2 / 29.6; the backward's peeled CTAs
+  // there have two warps (softmax_backward 1000 x 1001 fp16 13.6 / 13.6 -> 8.4 / 9.1).
+  bool too_few_warps(const SoftmaxPlan& plan) const {
+    return plan.peel && plan.kernel == SoftmaxKernel::kBlockOnePass && plan.threads <= 32 &&
+           static_cast<double>(g_.rows) < Heuristics::kPeelOneWarpMinRowsPerSm * props_.sm_count;
+  }
+
   // What a peeled plan adds to its reason.
   std::string peel_note() const {
     const int vec = 16 / g_.in_bytes;
