@@ -12,11 +12,11 @@ import torch
 
 import softmax_ops
 
-KERNELS = ("block_onepass", "cluster_onepass", "grid_onepass", "two_pass", None)  # None: the automatic plan
+KERNELS = ("block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row", None)  # None: automatic
 # Rows starting at every phase (2 v + 1 rows for v <= 8), a body of one pack, bodies of many packs, 4095;
-# the automatic plan peels many rows only (at least one per SM).
+# the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row).
 SHAPES = ((17, 9), (17, 31), (17, 4095), (3, 100003))
-AUTOMATIC_SHAPES = ((140, 4095), (140, 50257))
+AUTOMATIC_SHAPES = ((140, 4095), (140, 50257), (64, 151935), (3, 2_000_001))
 
 
 def forced(family, kernel):

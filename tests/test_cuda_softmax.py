@@ -90,7 +90,7 @@ def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool) -> int:
 
 # Kernels with a peeled form: rows whose length breaks 16-byte packs run as each row's aligned body in packs
 # plus the few elements around it singly (softmax_kernel_common.cuh: RowEdges); the others take single elements.
-PEELED_KERNELS = ["block_onepass", "cluster_onepass", "grid_onepass", "two_pass"]
+PEELED_KERNELS = ["block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row"]
 
 
 def row_vec(n: int, dtype: torch.dtype, kernel: str | None = None) -> int:

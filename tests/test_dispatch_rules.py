@@ -251,6 +251,11 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     ((1000, 1001), torch.float16, "softmax_backward", "block_onepass"),  # CTAs of 2 warps
     ((8192, 1023), torch.float16, "softmax", "block_onepass"),  # CTAs of 1 warp, 62 rows per SM
     ((400, 4_000_001), torch.float32, "softmax", "two_pass"),
+    ((200, 4_000_001), torch.float32, "softmax", "split_row"),
+    # few rows, long enough that the whole-pack rules give each thread the most register packs
+    ((64, 151935), torch.float16, "softmax", "grid_onepass"),
+    ((4, 33554431), torch.float16, "softmax", "split_row"),
+    ((4, 8388607), torch.float32, "softmax", "split_row"),        # the grid group would stream: split_row
 ])
 def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel):
     """Single-element access ran 2048 x 50257 fp16 softmax at 0.43 of copy (2048 x 50256: 0.92; H100,
@@ -263,7 +268,6 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
     ((3, 100003), torch.float16, "softmax", "grid_onepass"),     # few rows: latency-bound, measured as is
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
-    ((200, 4_000_001), torch.float32, "softmax", "split_row"),   # no peeled split_row
     ((65536, 63), torch.float32, "softmax", "warp"),             # no peeled warp kernel
     ((1000, 1001), torch.float16, "softmax", "block_onepass"),   # one-warp CTAs, 7.6 rows per SM: measured slower
     ((1000, 1001), torch.float32, "log_softmax", "block_onepass"),

@@ -208,18 +208,22 @@ bool peelable(const SoftmaxRequest& request) {
   return request.problem.inner == 1 && request.rows_share_phase && !whole_packs(request);
 }
 
-// peel: the peeled geometry of a peelable request (16-byte packs of each row's aligned body); otherwise whole
-// 16-byte packs where every row allows them, else single elements.
-Geometry geometry_of(const SoftmaxRequest& request, bool peel = false) {
+// How the plans see a row: kNatural, whole 16-byte packs where every row allows them, else single elements;
+// kPeeled (a peelable request), 16-byte packs of each row's aligned body, run peeled; kBody, the longest
+// aligned body alone as if it were the row (Chooser::peel_few_rows: the whole-pack rules' plan, then peeled).
+enum class RowView { kNatural, kPeeled, kBody };
+
+Geometry geometry_of(const SoftmaxRequest& request, RowView view = RowView::kNatural) {
   const SoftmaxProblem& p = request.problem;
   Geometry g;
   g.streams = p.backward ? 2 : 1;
   g.in_bytes = dtype_bytes(p.in_dtype);
   const int vec16 = 16 / g.in_bytes;
-  g.peel = peel && peelable(request);
-  g.vec = whole_packs(request) || g.peel ? vec16 : 1;
+  const bool body = view != RowView::kNatural && peelable(request);
+  g.peel = body && view == RowView::kPeeled;
+  g.vec = whole_packs(request) || body ? vec16 : 1;
   g.pack_bytes = g.vec * g.in_bytes;
-  g.n_packs = g.peel ? p.n / g.vec : ceil_div(p.n, g.vec);  // peeled: the longest body (a row with no head)
+  g.n_packs = body ? p.n / g.vec : ceil_div(p.n, g.vec);  // a body: the longest one (a row with no head)
   g.rows = p.rows();
   g.row_bytes = p.n * g.in_bytes * g.streams;
   g.max_reg_packs = max_block_reg_packs(p.in_dtype, p.backward);
@@ -370,15 +374,15 @@ SoftmaxPlan plan_grid_group(const Geometry& g, const CacheShape& shape, int64_t 
 SoftmaxPlan plan_split_row(const Geometry& g, const DeviceProps& props, bool forced) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kSplitRow;
-  if (g.peel) throw std::logic_error("softmax_ops: a peeled split_row plan (the Chooser plans single elements)");
   plan.vec = g.vec;
+  plan.peel = g.peel;
   const int64_t want = static_cast<int64_t>(Heuristics::kSplitCtasPerSm * props.sm_count / g.rows + 0.999);
   const int64_t most = std::max<int64_t>(1, g.n_packs * g.pack_bytes / Heuristics::kSplitMinChunkBytes);
   int64_t chunks = std::clamp<int64_t>(want, 1, most);
   if (forced) chunks = std::max<int64_t>(chunks, 2);  // a forced split_row really splits (tests)
-  chunks = std::min(chunks, g.n_packs);
-  const int64_t chunk_packs = ceil_div(g.n_packs, chunks);
-  plan.chunks = ceil_div(g.n_packs, chunk_packs);  // CTAs per row: each gets about chunk_packs packs
+  chunks = std::max<int64_t>(1, std::min(chunks, g.n_packs));  // a peeled row's body may have no pack
+  const int64_t chunk_packs = ceil_div(std::max<int64_t>(g.n_packs, 1), chunks);
+  plan.chunks = ceil_div(std::max<int64_t>(g.n_packs, 1), chunk_packs);  // CTAs per row: about chunk_packs packs each
   plan.threads = static_cast<int>(std::clamp<int64_t>(round_up(chunk_packs, 32), 32, Heuristics::kSplitThreads));
   plan.grid = std::min(g.rows * plan.chunks, grid_cap(props, plan.threads));
   plan.workspace_bytes = static_cast<size_t>(g.rows * plan.chunks * partial_bytes(g));
@@ -402,8 +406,8 @@ SoftmaxPlan plan_strided(const SoftmaxProblem& p, const DeviceProps& props) {
 
 class Chooser {
  public:
-  Chooser(const SoftmaxRequest& request, const DeviceProps& props, bool peel = false)
-      : request_(request), p_(request.problem), props_(props), g_(geometry_of(request, peel)) {}
+  Chooser(const SoftmaxRequest& request, const DeviceProps& props, RowView view = RowView::kNatural)
+      : request_(request), p_(request.problem), props_(props), g_(geometry_of(request, view)) {}
 
   SoftmaxChoice choose() {
     if (!request_.forced.empty()) return forced();
@@ -419,11 +423,15 @@ class Chooser {
                                            "row in registers, no block barrier");
     }
     const bool few_rows = static_cast<double>(g_.rows) < Heuristics::kFewRowsPerSm * props_.sm_count;
-    if (few_rows) return choose_few_rows();
-    // Many rows that break 16-byte packs: peeled (the few-rows plans keep single elements: latency-bound, and
-    // their spread CTA shapes have no peeled instances).
+    if (few_rows) {
+      if (peelable(request_)) {
+        if (auto choice = peel_few_rows()) return *choice;
+      }
+      return choose_few_rows();
+    }
+    // Many rows that break 16-byte packs: peeled.
     if (peelable(request_)) {
-      Chooser peeled(request_, props_, /*peel=*/true);
+      Chooser peeled(request_, props_, RowView::kPeeled);
       SoftmaxChoice choice = peeled.choose_many_rows();
       if (!peeled.too_few_warps(choice.plan)) return choice;
     }
@@ -441,6 +449,33 @@ class Chooser {
   bool too_few_warps(const SoftmaxPlan& plan) const {
     return plan.peel && plan.kernel == SoftmaxKernel::kBlockOnePass && plan.threads <= 32 &&
            static_cast<double>(g_.rows) < Heuristics::kPeelOneWarpMinRowsPerSm * props_.sm_count;
+  }
+
+  // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where
+  // it holds the most register packs per thread (the peeled instances' only bucket: long rows); where it would
+  // stream (the grid group's streamed form has no peeled instance) or split, the peeled split_row. Shorter rows
+  // keep single elements: the whole-pack rules spread them over more threads with fewer packs each (latency-
+  // bound), which single elements do too. H100, session 19 call 3 (single elements against the aligned
+  // neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607
+  // 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 /
+  // 0.80 vs 0.64 / 0.78.
+  std::optional<SoftmaxChoice> peel_few_rows() const {
+    SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
+    if (!choice.error.empty()) return std::nullopt;
+    const SoftmaxPlan& plan = choice.plan;
+    const Chooser peeled(request_, props_, RowView::kPeeled);
+    if (plan.kernel == SoftmaxKernel::kSplitRow || plan.stream_rest) {
+      return ok(plan_split_row(peeled.g_, props_, false),
+                std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs and a row (" +
+                    kib(g_.row_bytes) + ") too long for every CTA slot to cache its chunk: two launches, partial " +
+                    "(max, sum) per part merged in fixed order, then normalise" + peeled.peel_note());
+    }
+    const bool one_pass = plan.kernel == SoftmaxKernel::kBlockOnePass || plan.kernel == SoftmaxKernel::kClusterOnePass ||
+                          plan.kernel == SoftmaxKernel::kGridOnePass;
+    if (!one_pass || plan.lean || plan.prefetch || plan.reg_packs != g_.max_reg_packs) return std::nullopt;
+    choice.plan.peel = true;
+    choice.reason += peeled.peel_note();
+    return choice;
   }
 
   // What a peeled plan adds to its reason.
@@ -479,11 +514,9 @@ class Chooser {
                                                "cluster; rows keep every SM busy: one CTA per row, online " +
                                                "(max, sum) pass then a re-read");
     }
-    // split_row has no peeled form: single elements for such rows.
-    const Geometry split_g = g_.peel ? geometry_of(request_) : g_;
-    return ok(plan_split_row(split_g, props_, false), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even " +
-                                                          "in a cluster, and rows alone cannot fill the SMs: " +
-                                                          "partials per chunk, merged in fixed order, then a re-read");
+    return ok(plan_split_row(g_, props_, false), "a row (" + kib(g_.row_bytes) + ") does not fit on chip even " +
+                                                     "in a cluster, and rows alone cannot fill the SMs: " +
+                                                     "partials per chunk, merged in fixed order, then a re-read");
   }
 
   SoftmaxChoice choose_few_rows() {
@@ -762,10 +795,10 @@ class Chooser {
     const std::string& name = request_.forced;
     // The kernels with a peeled form run peelable rows peeled when they can (grid_onepass: unless its chunks
     // must be streamed); the others, and those cases, with single elements.
-    const bool has_peeled_form =
-        name == "block_onepass" || name == "cluster_onepass" || name == "grid_onepass" || name == "two_pass";
+    const bool has_peeled_form = name == "block_onepass" || name == "cluster_onepass" || name == "grid_onepass" ||
+                                 name == "two_pass" || name == "split_row";
     if (!g_.peel && has_peeled_form && peelable(request_)) {
-      SoftmaxChoice choice = Chooser(request_, props_, /*peel=*/true).forced();
+      SoftmaxChoice choice = Chooser(request_, props_, RowView::kPeeled).forced();
       if (choice.error.empty()) return choice;
     }
     const std::string prefix = "the forced kernel '" + name + "' (softmax_ops.force_kernel) cannot run this " +
@@ -888,6 +921,8 @@ std::vector<std::string> softmax_kernel_names() {
   return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
 }
 
+constexpr const char* kPeeledText = "rows peeled (aligned body in packs, edge elements singly)";
+
 // Text is built with std::string and std::to_string, not iostreams: on the GPU machine (torch 2.11, GCC 13)
 // a std::ostringstream << integer inside the extension crashed (reported to the lead).
 std::string describe_plan(const SoftmaxPlan& plan) {
@@ -910,17 +945,18 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.lean) {
         s += ", lean instance (a CTA per row, <= " + std::to_string(lean_max_registers(plan.reg_packs)) + " registers)";
       }
-      if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
+      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " CTAs per row (its blocks of " + to_string(plan.threads) +
            " packs round robin), 2 launches, " + kib(static_cast<int64_t>(plan.workspace_bytes)) + " workspace";
+      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kStrided:
       s += " (" + to_string(plan.block_x) + " across inner x " + to_string(plan.threads / plan.block_x) + " along n)";
       break;
     case SoftmaxKernel::kTwoPass:
-      if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
+      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
   }
   return s;

@@ -31,14 +31,24 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
         softmax_two_pass_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args);
         return cudaGetLastError();
       }
-      // split_row has no peeled form (the dispatcher plans it with single elements for such rows).
-      if (plan.kernel != SoftmaxKernel::kSplitRow || plan.peel || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
+      if (plan.kernel != SoftmaxKernel::kSplitRow || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
       Acc* partials = static_cast<Acc*>(ptrs.workspace);
-      softmax_split_partials_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
-      cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-      softmax_split_apply_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
-      return cudaGetLastError();
+      auto launch_split = [&](auto peel) -> cudaError_t {
+        constexpr bool kPeel = decltype(peel)::value;
+        softmax_split_partials_kernel<Op, kVec, kPeel><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+        softmax_split_apply_kernel<Op, kVec, kPeel><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
+        return cudaGetLastError();
+      };
+      if (plan.peel) {
+        if constexpr (kVec > 1) {
+          return launch_split(std::true_type{});
+        } else {
+          return cudaErrorInvalidValue;  // never planned: peeled rows read their body in 16-byte packs
+        }
+      }
+      return launch_split(std::false_type{});
     });
   });
 }

@@ -183,7 +183,33 @@ template <typename Op, int VEC>
 constexpr int kSplitPartialsUnroll =
     kFoldUnroll<Op, VEC> / (Op::kStreams == 1 && sizeof(typename Op::In) == 2 ? 2 : 1);
 
+// kPeel (both launches): rows read as an aligned body of packs plus single edge elements (RowEdges); a row's
+// first part holds its edges, a thread each.
 template <typename Op, int VEC>
+struct SplitRowView {
+  const typename Op::In* in[Op::kStreams];  // the row's packs: its start, or its body's (kPeel)
+  int64_t n_packs;
+  RowEdges<VEC> edges;
+  int edge_index;  // this thread's edge element, or -1
+  typename Op::C edge[Op::kStreams];
+};
+
+template <typename Op, int VEC, bool kPeel>
+__device__ __forceinline__ void split_row_view(const RowArgs<Op>& args, const SplitPart& part,
+                                               SplitRowView<Op, VEC>& view) {
+  row_pointers(args, part.row, view.in);
+  view.n_packs = args.n / VEC;
+  if constexpr (kPeel) {
+    view.edges = row_edges<VEC>(args, part.row);
+    view.edge_index = part.begin == 0 ? static_cast<int>(threadIdx.x) : -1;
+    load_edge(args, part.row * args.n, view.edges, view.edge_index, view.edge);
+    view.n_packs = view.edges.packs;
+#pragma unroll
+    for (int s = 0; s < Op::kStreams; ++s) view.in[s] += view.edges.head;
+  }
+}
+
+template <typename Op, int VEC, bool kPeel = false>
 __global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op>)
     softmax_split_partials_kernel(RowArgs<Op> args, int64_t parts, typename Op::Acc* partials_out) {
   using Acc = typename Op::Acc;
@@ -194,16 +220,25 @@ __global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op
   int parity = 0;
   for (int64_t item = blockIdx.x; item < items; item += gridDim.x, parity ^= 1) {
     const SplitPart part = split_part(item, parts);
-    const typename Op::In* in[Op::kStreams];
-    row_pointers(args, part.row, in);
-    Acc acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>, /*kInterleaved=*/true>(
-        op, in, part.begin, n_packs, threadIdx.x, blockDim.x, part.stride);
+    Acc acc;
+    if constexpr (kPeel) {
+      SplitRowView<Op, VEC> view;
+      split_row_view<Op, VEC, kPeel>(args, part, view);
+      acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>, /*kInterleaved=*/true>(
+          op, view.in, part.begin, view.n_packs, threadIdx.x, blockDim.x, part.stride);
+      acc = Op::merge(acc, edge_partial(op, view.edge));
+    } else {
+      const typename Op::In* in[Op::kStreams];
+      row_pointers(args, part.row, in);
+      acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>, /*kInterleaved=*/true>(
+          op, in, part.begin, n_packs, threadIdx.x, blockDim.x, part.stride);
+    }
     acc = block_all_reduce<Op>(acc, partials, parity);
     if (threadIdx.x == 0) partials_out[item] = acc;
   }
 }
 
-template <typename Op, int VEC>
+template <typename Op, int VEC, bool kPeel = false>
 __global__ void __launch_bounds__(kStreamingMaxThreads)
     softmax_split_apply_kernel(RowArgs<Op> args, int64_t parts, const typename Op::Acc* partials_in) {
   using Acc = typename Op::Acc;
@@ -220,10 +255,19 @@ __global__ void __launch_bounds__(kStreamingMaxThreads)
     Acc acc = Op::identity();
     for (int64_t c = threadIdx.x; c < parts; c += blockDim.x) acc = Op::merge(acc, partials_in[part.row * parts + c]);
     acc = block_all_reduce<Op>(acc, partials, parity);
-    const typename Op::In* in[Op::kStreams];
-    row_pointers(args, part.row, in);
-    write_packs<Op, VEC, /*kInterleaved=*/true>(op, op.finalize(acc), in, args.out + part.row * args.n, part.begin,
-                                                n_packs, threadIdx.x, blockDim.x, part.stride);
+    if constexpr (kPeel) {
+      SplitRowView<Op, VEC> view;
+      split_row_view<Op, VEC, kPeel>(args, part, view);
+      const typename Op::Row row_consts = op.finalize(acc);
+      store_edge(args, part.row * args.n, view.edges, view.edge_index, row_consts, view.edge);
+      write_packs<Op, VEC, /*kInterleaved=*/true>(op, row_consts, view.in, args.out + part.row * args.n + view.edges.head,
+                                                  part.begin, view.n_packs, threadIdx.x, blockDim.x, part.stride);
+    } else {
+      const typename Op::In* in[Op::kStreams];
+      row_pointers(args, part.row, in);
+      write_packs<Op, VEC, /*kInterleaved=*/true>(op, op.finalize(acc), in, args.out + part.row * args.n, part.begin,
+                                                  n_packs, threadIdx.x, blockDim.x, part.stride);
+    }
   }
 }
 
