@@ -511,13 +511,24 @@ def test_peeled_rows_special_values(kernel, dtype, op):
     assert torch.isnan(out[2]).all() and torch.isnan(out[-1]).all() and torch.isnan(out[-2]).all()
 
 
-@pytest.mark.parametrize("shape", [(300, 4095), (140, 50257), (133, 1001), (2200, 1001)])
+@pytest.mark.parametrize(
+    "shape,peeled",
+    [
+        ((300, 4095), True),
+        ((140, 50257), True),
+        ((64, 151935), True),  # few long rows: a grid group / cluster of the most register packs per thread
+        ((3, 2_000_001), True),  # split_row
+        ((133, 1001), None),  # short rows: one-warp CTAs forward (single elements), two-warp CTAs backward
+        ((2200, 1001), None),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_automatic_plan_peels_many_rows(shape, dtype):
-    """Many rows of a length that breaks packs: the dispatcher's own plan runs them peeled."""
+def test_automatic_plan_peels_rows(shape, peeled, dtype):
+    """Rows of a length that breaks packs under the dispatcher's own plan (test_dispatch_rules.py holds the
+    rules; here the answers): many rows, and few long ones, run peeled."""
     x = make_input(shape, dtype, seed=shape[1])
     for op in OPS:
-        if shape[1] * x.element_size() > 2048:  # shorter rows: the warp kernel or one-warp CTAs (single elements)
+        if peeled:
             assert_peeled(shape, dtype, op)
             assert_peeled(shape, dtype, f"{op}_backward")
         check_forward(op, x)

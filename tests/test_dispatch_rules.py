@@ -32,6 +32,8 @@ def plan_line(shape, dtype, op="softmax") -> str:
 @pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float16), ((4, 1048576), torch.float32),
                                          ((3, 100003), torch.float32), ((8, 262144), torch.bfloat16)])
 def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dtype, op):
+    if shape == (3, 100003) and op == "softmax_backward":
+        pytest.skip("peeled: a cluster of 16 (test_many_rows_that_break_16_byte_packs_are_peeled)")
     line = plan_line(shape, dtype, op)
     assert "kernel grid_onepass" in line and "(cooperative)" in line, line
     ctas = int(line.split(": ")[1].split(" CTAs")[0])
@@ -256,6 +258,7 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     ((64, 151935), torch.float16, "softmax", "grid_onepass"),
     ((4, 33554431), torch.float16, "softmax", "split_row"),
     ((4, 8388607), torch.float32, "softmax", "split_row"),        # the grid group would stream: split_row
+    ((3, 100003), torch.float32, "softmax_backward", "cluster_onepass"),  # 4 packs per thread, the most
 ])
 def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel):
     """Single-element access ran 2048 x 50257 fp16 softmax at 0.43 of copy (2048 x 50256: 0.92; H100,
