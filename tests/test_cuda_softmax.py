@@ -520,6 +520,9 @@ def test_peeled_rows_special_values(kernel, dtype, op):
         ((3, 2_000_001), True),  # split_row
         ((133, 1001), None),  # short rows: one-warp CTAs forward (single elements), two-warp CTAs backward
         ((2200, 1001), None),
+        ((140, 2049), True),  # the lean instances' float form (>= 256 packs of 4)
+        ((140, 8191), True),  # the lean forward's wide form (16-bit)
+        ((2112, 2047), True),  # 16-bit: 255 packs, the plain instance in one-warp CTAs (16 rows per SM)
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -533,6 +536,22 @@ def test_automatic_plan_peels_rows(shape, peeled, dtype):
             assert_peeled(shape, dtype, f"{op}_backward")
         check_forward(op, x)
         check_backward(op, x, -1, None)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_lean_peeled_rows_special_values(dtype, op):
+    """The lean instances run many rows peeled only under the automatic plan: special_rows among 140 rows of
+    4095 (rows at every phase), a NaN and a +inf in the first column (a head) of two more; forward and backward."""
+    x = make_input((140, 4095), torch.float64, seed=6).to(dtype)
+    x[:9] = special_rows(4095, dtype)
+    x[9, 0] = float("nan")
+    x[10, 0] = float("inf")
+    x = x.cuda()
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
+    out = check_forward(op, x)
+    assert torch.isnan(out[2]).all() and torch.isnan(out[9]).all() and torch.isnan(out[10]).all()
+    check_backward(op, x[9:], -1, None)  # finite rows (the backward of a NaN row is NaN on both sides)
 
 
 def test_rows_in_different_phases_are_not_peeled():

@@ -255,18 +255,28 @@ __device__ __forceinline__ float lean_thread_max(const Pack<In, VEC> (&packs)[PR
 }
 
 // One row of the lean forward (see exp_once_rows). kFull: the CTA's threads x PREG packs are exactly the row
-// (every power-of-two row), so no load is predicated and no pack padded with -inf.
-template <typename Op, int VEC, int PREG, bool kLog, bool kFull>
+// (every power-of-two row), so no load is predicated and no pack padded with -inf. kPeel: the row's aligned body
+// in packs, its edge elements one per thread (RowEdges), folded into the thread's max and sum and written singly.
+template <typename Op, int VEC, int PREG, bool kLog, bool kFull, bool kPeel = false>
 __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_t row, float (*slots)[kLeanMaxWarps]) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using PackIn = Pack<In, VEC>;
+  static_assert(!(kPeel && kFull), "a peeled row is never a whole number of the CTA's packs");
   // 32-bit offsets within the row (lean rows have at most kLeanCtaThreads x kLeanRegPacks packs): the 64-bit
   // ones spilled at 32 registers.
   const int threads = blockDim.x;
   const int tid = threadIdx.x;
-  const int n_packs = static_cast<int>(args.n / VEC);
-  const int64_t row_offset = row * args.n + static_cast<int64_t>(tid) * VEC;  // this thread's first pack
+  int n_packs = static_cast<int>(args.n / VEC);
+  int64_t row_offset = row * args.n + static_cast<int64_t>(tid) * VEC;  // this thread's first pack
+  [[maybe_unused]] RowEdges<VEC> edges{};
+  [[maybe_unused]] float edge[1];
+  if constexpr (kPeel) {
+    edges = row_edges<VEC>(args, row);
+    load_edge(args, row * args.n, edges, tid, edge);
+    n_packs = static_cast<int>(edges.packs);
+    row_offset += edges.head;
+  }
   const In* in = args.in[0] + row_offset;
   auto in_row = [&](int p) { return kFull || p * threads + tid < n_packs; };
   PackIn packs[PREG];
@@ -274,7 +284,9 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   for (int p = 0; p < PREG; ++p) {
     packs[p] = in_row(p) ? load_vec<In, VEC>(in + p * threads * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
   }
-  const float m = lean_all_reduce(lean_thread_max(packs), negative_infinity<float>(), slots[0],
+  float thread_max = lean_thread_max(packs);
+  if constexpr (kPeel) thread_max = row_max(thread_max, edge[0]);  // -inf where the thread holds no edge
+  const float m = lean_all_reduce(thread_max, negative_infinity<float>(), slots[0],
                                   [](float a, float b) { return row_max(a, b); });
   // A NaN or +inf anywhere makes the sum NaN, an all -inf row gives exp(NaN): every output NaN, as torch.
   // softmax keeps the exponentials (its output) as floats, log_softmax the packed inputs (its output is
@@ -290,9 +302,20 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
       sum += e;
     }
   }
+  [[maybe_unused]] float edge_exp = 0.0f;
+  if constexpr (kPeel) {
+    edge_exp = ExpMath<float>::exp_from(edge[0], m);  // 0 for the padding (-inf), as the padded packs
+    sum += edge_exp;
+  }
   sum = lean_all_reduce(sum, 0.0f, slots[1], [](float a, float b) { return a + b; });
   const float inv_sum = ExpMath<float>::reciprocal(sum);
   const float log_sum = kLog ? ExpMath<float>::log_sum(sum) : 0.0f;
+  if constexpr (kPeel) {
+    if (tid < edges.count()) {
+      const float y = kLog ? (edge[0] - m) - log_sum : edge_exp * inv_sum;
+      args.out[row * args.n + edges.column(tid)] = convert<Out>(y);
+    }
+  }
 #pragma unroll
   for (int p = 0; p < PREG; ++p) {
     if (in_row(p)) {
@@ -328,7 +351,8 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
 // three interleaved bench runs 2048 x 8192 16-bit softmax -2..-4%, the other lean shapes within +-1%
 // (*session12-c3-*): at boost clocks these shapes already run at about copy speed. float32 rows (session 17,
 // H100): -2..-10% against the 64-register instance with the same 8 packs per thread (see lean_rows).
-template <typename Op, int VEC, int PREG>
+// kPeel: peeled rows (never full), softmax and log_softmax bodies only.
+template <typename Op, int VEC, int PREG, bool kPeel = false>
 __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   static_assert(Op::kStreams == 1 && std::is_same_v<typename Op::C, float>,
                 "forward 16- or 32-bit rows with float math");
@@ -338,16 +362,20 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
   if (cached < n_packs || blockDim.x % kWarpSize != 0 || blockDim.x > kLeanCtaThreads) __trap();  // dispatcher bug guard
   auto rows = [&](auto log, auto full) {
     for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-      lean_forward_row<Op, VEC, PREG, decltype(log)::value, decltype(full)::value>(args, row, slots);
+      lean_forward_row<Op, VEC, PREG, decltype(log)::value, decltype(full)::value, kPeel>(args, row, slots);
     }
   };
   using True = std::true_type;
   using False = std::false_type;
-  const bool full = cached == n_packs;
-  if (args.op.log) {
-    full ? rows(True{}, True{}) : rows(True{}, False{});
+  if constexpr (kPeel) {
+    args.op.log ? rows(True{}, False{}) : rows(False{}, False{});
   } else {
-    full ? rows(False{}, True{}) : rows(False{}, False{});
+    const bool full = cached == n_packs;
+    if (args.op.log) {
+      full ? rows(True{}, True{}) : rows(True{}, False{});
+    } else {
+      full ? rows(False{}, True{}) : rows(False{}, False{});
+    }
   }
 }
 
@@ -356,7 +384,8 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 // accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
 // machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
 // flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
-template <typename Op, int VEC, int PREG>
+// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges).
+template <typename Op, int VEC, int PREG, bool kPeel = false>
 __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -371,10 +400,18 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   const int tid = threadIdx.x;
   // A row fits the CTA (<= 8192 columns): offsets within it are 32-bit (64-bit ones spilled under the
   // 32-register cap, ptxas nvcc 13.0).
-  const int n_packs = static_cast<int>(args.n / VEC);
+  int n_packs = static_cast<int>(args.n / VEC);
   if (static_cast<int64_t>(threads) * PREG < args.n / VEC) __trap();  // dispatcher bug guard: a row must fit
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    const int64_t row_offset = row * args.n;
+    int64_t row_offset = row * args.n;
+    [[maybe_unused]] RowEdges<VEC> edges{};
+    [[maybe_unused]] C edge[S];
+    if constexpr (kPeel) {
+      edges = row_edges<VEC>(args, row);
+      load_edge(args, row_offset, edges, tid, edge);
+      n_packs = static_cast<int>(edges.packs);
+      row_offset += edges.head;
+    }
     PackIn cache[S][PREG];
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
@@ -389,8 +426,10 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 #pragma unroll
       for (int p = 0; p < PREG; ++p) visit_elements<C>(cache, p, fn);
     });
+    if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = block_all_reduce(acc, scratch, [](Acc a, Acc b) { return Op::merge(a, b); });
     const typename Op::Row row_consts = op.finalize(acc);
+    if constexpr (kPeel) store_edge(args, row * args.n, edges, tid, row_consts, edge);
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int k = p * threads + tid;
@@ -404,7 +443,7 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 }
 
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel); the group's
-// first CTA holds the edges, one per thread. Not with kPrefetch, kStreamRest or kLean (never planned).
+// first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest (never planned).
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false,
           bool kPeel = false>
 __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
@@ -416,12 +455,12 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
-  static_assert(!(kPeel && (kPrefetch || kStreamRest || kLean)), "peeled rows: the plain instance only");
+  static_assert(!(kPeel && (kPrefetch || kStreamRest)), "peeled rows: the plain and lean instances only");
   if constexpr (kLean) {
     if constexpr (S == 1) {
-      exp_once_rows<Op, VEC, PREG>(args);
+      exp_once_rows<Op, VEC, PREG, kPeel>(args);
     } else {
-      lean_backward_rows<Op, VEC, PREG>(args);
+      lean_backward_rows<Op, VEC, PREG, kPeel>(args);
     }
     return;
   }

@@ -415,6 +415,13 @@ class Chooser {
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
     if (auto lean = lean_rows()) return *lean;
+    if (peelable(request_)) {  // many rows that break 16-byte packs, of the lean forms' lengths: peeled lean rows
+      Chooser peeled(request_, props_, RowView::kPeeled);
+      if (auto lean = peeled.lean_rows()) {
+        lean->reason += peeled.peel_note();
+        return *lean;
+      }
+    }
     const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
       if (auto spread = spread_small_rows()) return *spread;
@@ -617,7 +624,7 @@ class Chooser {
   // softmax had been 2-7% faster than the 64-register instance on these shapes (session 17 call 3's bench).
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
-    if (props_.cc_major < 9 || g_.vec == 1 || g_.peel) return std::nullopt;
+    if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
