@@ -384,8 +384,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 // accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
 // machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
 // flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
-// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges).
-template <typename Op, int VEC, int PREG, bool kPeel = false>
+template <typename Op, int VEC, int PREG>
 __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -400,18 +399,10 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   const int tid = threadIdx.x;
   // A row fits the CTA (<= 8192 columns): offsets within it are 32-bit (64-bit ones spilled under the
   // 32-register cap, ptxas nvcc 13.0).
-  int n_packs = static_cast<int>(args.n / VEC);
+  const int n_packs = static_cast<int>(args.n / VEC);
   if (static_cast<int64_t>(threads) * PREG < args.n / VEC) __trap();  // dispatcher bug guard: a row must fit
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    int64_t row_offset = row * args.n;
-    [[maybe_unused]] RowEdges<VEC> edges{};
-    [[maybe_unused]] C edge[S];
-    if constexpr (kPeel) {
-      edges = row_edges<VEC>(args, row);
-      load_edge(args, row_offset, edges, tid, edge);
-      n_packs = static_cast<int>(edges.packs);
-      row_offset += edges.head;
-    }
+    const int64_t row_offset = row * args.n;
     PackIn cache[S][PREG];
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
@@ -426,10 +417,8 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 #pragma unroll
       for (int p = 0; p < PREG; ++p) visit_elements<C>(cache, p, fn);
     });
-    if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = block_all_reduce(acc, scratch, [](Acc a, Acc b) { return Op::merge(a, b); });
     const typename Op::Row row_consts = op.finalize(acc);
-    if constexpr (kPeel) store_edge(args, row * args.n, edges, tid, row_consts, edge);
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int k = p * threads + tid;
@@ -443,7 +432,8 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 }
 
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel); the group's
-// first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest (never planned).
+// first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest, and kLean forward only (never
+// planned otherwise; see Chooser::lean_rows).
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false,
           bool kPeel = false>
 __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
@@ -455,12 +445,13 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
-  static_assert(!(kPeel && (kPrefetch || kStreamRest)), "peeled rows: the plain and lean instances only");
+  static_assert(!(kPeel && (kPrefetch || kStreamRest || (kLean && S == 2))),
+                "peeled rows: the plain instance and the lean forward only");
   if constexpr (kLean) {
     if constexpr (S == 1) {
       exp_once_rows<Op, VEC, PREG, kPeel>(args);
     } else {
-      lean_backward_rows<Op, VEC, PREG, kPeel>(args);
+      lean_backward_rows<Op, VEC, PREG>(args);
     }
     return;
   }
