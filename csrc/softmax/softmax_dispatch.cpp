@@ -471,7 +471,9 @@ class Chooser {
   // bound), which single elements do too. H100, session 19 call 3 (single elements against the aligned
   // neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607
   // 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 /
-  // 0.80 vs 0.64 / 0.78.
+  // 0.80 vs 0.64 / 0.78. A/B of this rule (call 4, two interleaved runs, softmax / both backwards, fp16 and
+  // fp32, *session19-c4-compare*): 4 x 33554431 -39..-46%, 4 x 8388607 -27..-37% (peeled split_row), 64 x 151935
+  // -21..-46%, 8 x 262143 16-bit backward -21..-23%; 2 x 300007 fp16 softmax +6.8% (a peeled cluster of 16).
   std::optional<SoftmaxChoice> peel_few_rows() const {
     SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
     if (!choice.error.empty()) return std::nullopt;
