@@ -186,27 +186,23 @@ constexpr int kSplitPartialsUnroll =
 // kPeel (both launches): rows read as an aligned body of packs plus single edge elements (RowEdges); a row's
 // first part holds its edges, a thread each.
 template <typename Op, int VEC>
-struct SplitRowView {
-  const typename Op::In* in[Op::kStreams];  // the row's packs: its start, or its body's (kPeel)
-  int64_t n_packs;
+struct PeeledSplitRow {
+  const typename Op::In* in[Op::kStreams];  // the row's body
   RowEdges<VEC> edges;
   int edge_index;  // this thread's edge element, or -1
   typename Op::C edge[Op::kStreams];
 };
 
-template <typename Op, int VEC, bool kPeel>
-__device__ __forceinline__ void split_row_view(const RowArgs<Op>& args, const SplitPart& part,
-                                               SplitRowView<Op, VEC>& view) {
+template <typename Op, int VEC>
+__device__ __forceinline__ PeeledSplitRow<Op, VEC> peeled_split_row(const RowArgs<Op>& args, const SplitPart& part) {
+  PeeledSplitRow<Op, VEC> view;
   row_pointers(args, part.row, view.in);
-  view.n_packs = args.n / VEC;
-  if constexpr (kPeel) {
-    view.edges = row_edges<VEC>(args, part.row);
-    view.edge_index = part.begin == 0 ? static_cast<int>(threadIdx.x) : -1;
-    load_edge(args, part.row * args.n, view.edges, view.edge_index, view.edge);
-    view.n_packs = view.edges.packs;
+  view.edges = row_edges<VEC>(args, part.row);
+  view.edge_index = part.begin == 0 ? static_cast<int>(threadIdx.x) : -1;
+  load_edge(args, part.row * args.n, view.edges, view.edge_index, view.edge);
 #pragma unroll
-    for (int s = 0; s < Op::kStreams; ++s) view.in[s] += view.edges.head;
-  }
+  for (int s = 0; s < Op::kStreams; ++s) view.in[s] += view.edges.head;
+  return view;
 }
 
 template <typename Op, int VEC, bool kPeel = false>
@@ -222,10 +218,9 @@ __global__ void __launch_bounds__(kStreamingMaxThreads, kSplitPartialsMinCtas<Op
     const SplitPart part = split_part(item, parts);
     Acc acc;
     if constexpr (kPeel) {
-      SplitRowView<Op, VEC> view;
-      split_row_view<Op, VEC, kPeel>(args, part, view);
+      const PeeledSplitRow<Op, VEC> view = peeled_split_row<Op, VEC>(args, part);
       acc = fold_packs<Op, VEC, kSplitPartialsUnroll<Op, VEC>, /*kInterleaved=*/true>(
-          op, view.in, part.begin, view.n_packs, threadIdx.x, blockDim.x, part.stride);
+          op, view.in, part.begin, view.edges.packs, threadIdx.x, blockDim.x, part.stride);
       acc = Op::merge(acc, edge_partial(op, view.edge));
     } else {
       const typename Op::In* in[Op::kStreams];
@@ -256,12 +251,11 @@ __global__ void __launch_bounds__(kStreamingMaxThreads)
     for (int64_t c = threadIdx.x; c < parts; c += blockDim.x) acc = Op::merge(acc, partials_in[part.row * parts + c]);
     acc = block_all_reduce<Op>(acc, partials, parity);
     if constexpr (kPeel) {
-      SplitRowView<Op, VEC> view;
-      split_row_view<Op, VEC, kPeel>(args, part, view);
+      const PeeledSplitRow<Op, VEC> view = peeled_split_row<Op, VEC>(args, part);
       const typename Op::Row row_consts = op.finalize(acc);
       store_edge(args, part.row * args.n, view.edges, view.edge_index, row_consts, view.edge);
       write_packs<Op, VEC, /*kInterleaved=*/true>(op, row_consts, view.in, args.out + part.row * args.n + view.edges.head,
-                                                  part.begin, view.n_packs, threadIdx.x, blockDim.x, part.stride);
+                                                  part.begin, view.edges.packs, threadIdx.x, blockDim.x, part.stride);
     } else {
       const typename Op::In* in[Op::kStreams];
       row_pointers(args, part.row, in);
