@@ -35,13 +35,13 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         constexpr bool kCanLean = kVec > 1 && (kRegPacks == lean_reg_packs(kInBytes, kBackward, false) ||
                                                kRegPacks == lean_reg_packs(kInBytes, kBackward, true));
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
-        // or the lean forward's packs.
+        // or the lean forms' packs.
         constexpr bool kCanPeel = kVec > 1 && kRegPacks == kMaxRegPacks<Op>;
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.peel) {
             if (plan.stream_rest || plan.prefetch) return cudaErrorInvalidValue;  // never planned
             if (plan.lean) {
-              if constexpr (kCanLean && !kBackward) {
+              if constexpr (kCanLean) {
                 return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, false, true, true>, args);
               } else {
                 return cudaErrorInvalidValue;  // never planned: see lean_rows

@@ -384,7 +384,11 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 // accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
 // machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
 // flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
-template <typename Op, int VEC, int PREG>
+// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges). Under the
+// 32-register cap the edges live only where they are used: folded into the thread's sum as soon as they land, and
+// read again (L1) for their results after the row's reduction (kept live across it, the 16-bit instances spilled
+// 56-76 bytes and ran 13-49% slower than the plain peeled instance: session 19 call 5).
+template <typename Op, int VEC, int PREG, bool kPeel = false>
 __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -399,10 +403,15 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   const int tid = threadIdx.x;
   // A row fits the CTA (<= 8192 columns): offsets within it are 32-bit (64-bit ones spilled under the
   // 32-register cap, ptxas nvcc 13.0).
-  const int n_packs = static_cast<int>(args.n / VEC);
+  int n_packs = static_cast<int>(args.n / VEC);
   if (static_cast<int64_t>(threads) * PREG < args.n / VEC) __trap();  // dispatcher bug guard: a row must fit
   for (int64_t row = blockIdx.x; row < args.rows; row += gridDim.x) {
-    const int64_t row_offset = row * args.n;
+    int64_t row_offset = row * args.n;
+    if constexpr (kPeel) {
+      const RowEdges<VEC> edges = row_edges<VEC>(args, row);
+      n_packs = static_cast<int>(edges.packs);
+      row_offset += edges.head;
+    }
     PackIn cache[S][PREG];
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
@@ -412,13 +421,25 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
         cache[s][p] = k < n_packs ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
       }
     }
+    Acc acc = Op::identity();
+    if constexpr (kPeel) {
+      C edge[S];
+      load_edge(args, row * args.n, row_edges<VEC>(args, row), tid, edge);
+      acc = edge_partial(op, edge);
+    }
     // Two chains: with the default count the float16 instance spilled under the 32-register cap (ptxas).
-    Acc acc = op.template accumulate<2>(Op::identity(), [&](auto&& fn) {
+    acc = op.template accumulate<2>(acc, [&](auto&& fn) {
 #pragma unroll
       for (int p = 0; p < PREG; ++p) visit_elements<C>(cache, p, fn);
     });
     acc = block_all_reduce(acc, scratch, [](Acc a, Acc b) { return Op::merge(a, b); });
     const typename Op::Row row_consts = op.finalize(acc);
+    if constexpr (kPeel) {
+      const RowEdges<VEC> edges = row_edges<VEC>(args, row);
+      C edge[S];
+      load_edge(args, row * args.n, edges, tid, edge);
+      store_edge(args, row * args.n, edges, tid, row_consts, edge);
+    }
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int k = p * threads + tid;
@@ -432,11 +453,14 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 }
 
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel); the group's
-// first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest, and kLean forward only (never
-// planned otherwise; see Chooser::lean_rows).
+// first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest (never planned). The lean
+// backward peeled runs at kLeanPeeledBackwardMinCtas CTAs per SM: at the lean forms' 32 registers it spilled
+// 52-84 bytes (16-bit) even with its edges read twice instead of kept (ptxas, nvcc 13.0).
+constexpr int kLeanPeeledBackwardMinCtas = 3;
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false,
           bool kPeel = false>
-__global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads, kLean ? kLeanMinCtas : 1)
+__global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelMaxThreads,
+                                  kLean ? (kPeel && Op::kStreams == 2 ? kLeanPeeledBackwardMinCtas : kLeanMinCtas) : 1)
     softmax_block_kernel(RowArgs<Op> args, int smem_packs, BlockOptions options) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -445,13 +469,12 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
-  static_assert(!(kPeel && (kPrefetch || kStreamRest || (kLean && S == 2))),
-                "peeled rows: the plain instance and the lean forward only");
+  static_assert(!(kPeel && (kPrefetch || kStreamRest)), "peeled rows: the plain and lean instances only");
   if constexpr (kLean) {
     if constexpr (S == 1) {
       exp_once_rows<Op, VEC, PREG, kPeel>(args);
     } else {
-      lean_backward_rows<Op, VEC, PREG>(args);
+      lean_backward_rows<Op, VEC, PREG, kPeel>(args);
     }
     return;
   }

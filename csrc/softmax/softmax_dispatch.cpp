@@ -421,7 +421,7 @@ class Chooser {
     // 2048 x 8191 -11 / -18 / -3%, 300 x 4095 -21 / -29 / -12%, log_softmax alike. Not the backward: the lean
     // backward's 16-bit instances spilled 56-76 bytes peeled (32 registers) and ran 13-49% slower (4096 x 4095
     // fp16 46.4 -> 61.4 us), float32 0-2% (*session19-c5-compare*).
-    if (peelable(request_) && !p_.backward) {
+    if (peelable(request_)) {
       Chooser peeled(request_, props_, RowView::kPeeled);
       if (auto lean = peeled.lean_rows()) {
         lean->reason += peeled.peel_note();
