@@ -384,10 +384,10 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 // accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
 // machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
 // flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
-// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges). Under the
-// 32-register cap the edges live only where they are used: folded into the thread's sum as soon as they land, and
-// read again (L1) for their results after the row's reduction (kept live across it, the 16-bit instances spilled
-// 56-76 bytes and ran 13-49% slower than the plain peeled instance: session 19 call 5).
+// kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges). The edges
+// live only where they are used: folded into the thread's sum as soon as they land, and read again (L1) for their
+// results after the row's reduction (kept live across it at 32 registers, the 16-bit instances spilled 56-76 bytes
+// and ran 13-49% slower than the plain peeled instance: session 19 call 5; see kLeanPeeledBackwardMinCtas).
 template <typename Op, int VEC, int PREG, bool kPeel = false>
 __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
   using In = typename Op::In;
@@ -454,8 +454,9 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
 
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel); the group's
 // first CTA holds the edges, one per thread. Not with kPrefetch or kStreamRest (never planned). The lean
-// backward peeled runs at kLeanPeeledBackwardMinCtas CTAs per SM: at the lean forms' 32 registers it spilled
-// 52-84 bytes (16-bit) even with its edges read twice instead of kept (ptxas, nvcc 13.0).
+// backward peeled runs at kLeanPeeledBackwardMinCtas CTAs per SM (40 registers, 0-8 bytes of spill): at the lean
+// forms' 32 registers it spilled 52-84 bytes (16-bit) even with its edges read twice instead of kept (ptxas, nvcc
+// 13.0); at 3 CTAs per SM it runs 1-18% faster than the plain peeled instance (H100, session 19 call 8).
 constexpr int kLeanPeeledBackwardMinCtas = 3;
 template <typename Op, int VEC, int PREG, bool kPrefetch = false, bool kStreamRest = false, bool kLean = false,
           bool kPeel = false>

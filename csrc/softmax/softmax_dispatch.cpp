@@ -415,12 +415,14 @@ class Chooser {
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
     if (auto lean = lean_rows()) return *lean;
-    // Many forward rows that break 16-byte packs, of the lean forms' lengths: the lean forward, peeled. H100,
-    // session 19 call 5 (two interleaved runs each, us, the plain peeled instance -> the lean one): softmax 4096 x
-    // 4095 fp16 / bf16 / fp32 32.4 / 31.6 -> 28.6 / 27.8, 35.8 / 35.6 -> 28.8 / 27.9, 51.7 / 51.4 -> 50.5 / 49.6;
-    // 2048 x 8191 -11 / -18 / -3%, 300 x 4095 -21 / -29 / -12%, log_softmax alike. Not the backward: the lean
-    // backward's 16-bit instances spilled 56-76 bytes peeled (32 registers) and ran 13-49% slower (4096 x 4095
-    // fp16 46.4 -> 61.4 us), float32 0-2% (*session19-c5-compare*).
+    // Many rows that break 16-byte packs, of the lean forms' lengths: the lean instances, peeled. H100, session
+    // 19 (two interleaved runs each, us, the plain peeled instance -> the lean one): call 5, softmax 4096 x 4095
+    // fp16 / bf16 / fp32 32.4 / 31.6 -> 28.6 / 27.8, 35.8 / 35.6 -> 28.8 / 27.9, 51.7 / 51.4 -> 50.5 / 49.6; 2048 x
+    // 8191 -11 / -18 / -3%, 300 x 4095 -21 / -29 / -12%, log_softmax alike (*session19-c5-compare*); call 8, the
+    // backward at 3 CTAs per SM (softmax_block_kernel.cuh: kLeanPeeledBackwardMinCtas): softmax_backward 4096 x
+    // 4095 46.8 / 47.5 -> 40.6 / 40.5, -14 / -6% (bf16 / fp32), 2048 x 8191 -17 / -18 / -1%, 2048 x 2049 -8 / -12 /
+    // -13%, log_softmax_backward alike (*session19-c8-compare*). At 4 CTAs per SM (32 registers) the 16-bit
+    // backward spilled and ran 13-49% slower (call 5).
     if (peelable(request_)) {
       Chooser peeled(request_, props_, RowView::kPeeled);
       if (auto lean = peeled.lean_rows()) {
