@@ -541,17 +541,20 @@ def test_automatic_plan_peels_rows(shape, peeled, dtype):
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_lean_peeled_rows_special_values(dtype, op):
-    """The lean instances run many rows peeled only under the automatic plan: special_rows among 140 rows of
-    4095 (rows at every phase), a NaN and a +inf in the first column (a head) of two more; forward and backward."""
-    x = make_input((140, 4095), torch.float64, seed=6).to(dtype)
+    """The lean instances run many rows peeled only under the automatic plan: special_rows among 150 rows of
+    4095 (rows at every phase), a NaN and a +inf in the first column (a head) of two more; forward, and the
+    backward on the 139 rows after them (enough rows for the lean backward, huge magnitudes in the edges)."""
+    x = make_input((150, 4095), torch.float64, seed=6).to(dtype)
     x[:9] = special_rows(4095, dtype)
     x[9, 0] = float("nan")
     x[10, 0] = float("inf")
+    x[11, 0] = x[12, -1] = 60000.0 if dtype == torch.float16 else 1e30
     x = x.cuda()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
     out = check_forward(op, x)
     assert torch.isnan(out[2]).all() and torch.isnan(out[9]).all() and torch.isnan(out[10]).all()
-    check_backward(op, x[9:], -1, None)  # finite rows (the backward of a NaN row is NaN on both sides)
+    assert "lean instance" in softmax_ops.explain((139, 4095), dtype, op=f"{op}_backward")
+    check_backward(op, x[11:], -1, None)
 
 
 def test_rows_in_different_phases_are_not_peeled():
