@@ -411,6 +411,13 @@ class Chooser {
 
   SoftmaxChoice choose() {
     if (!request_.forced.empty()) return forced();
+    SoftmaxChoice choice = choose_automatic();
+    if (choice.plan.peel) choice.reason += peel_note();
+    return choice;
+  }
+
+ private:
+  SoftmaxChoice choose_automatic() {
     if (p_.inner > 1) return ok(plan_strided(p_, props_), "the reduced dim is not the last one (inner size " +
                                                              std::to_string(p_.inner) +
                                                              "): threads run across inner, coalesced, no transpose");
@@ -425,10 +432,7 @@ class Chooser {
     // backward spilled and ran 13-49% slower (call 5).
     if (peelable(request_)) {
       Chooser peeled(request_, props_, RowView::kPeeled);
-      if (auto lean = peeled.lean_rows()) {
-        lean->reason += peeled.peel_note();
-        return *lean;
-      }
+      if (auto lean = peeled.lean_rows()) return *lean;
     }
     const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
@@ -453,7 +457,6 @@ class Chooser {
     return choose_many_rows();
   }
 
- private:
   // A peeled plan of one-warp CTAs (rows of at most 32 x 8 packs: the peeled instances hold the most register
   // packs per thread) with fewer than kPeelOneWarpMinRowsPerSm rows per SM: a few warps per SM, each with a
   // long chain per thread, where single elements spread the row over 4x the threads. H100, session 19 call 2
@@ -480,22 +483,20 @@ class Chooser {
     SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
     if (!choice.error.empty()) return std::nullopt;
     const SoftmaxPlan& plan = choice.plan;
-    const Chooser peeled(request_, props_, RowView::kPeeled);
     if (plan.kernel == SoftmaxKernel::kSplitRow || plan.stream_rest) {
-      return ok(plan_split_row(peeled.g_, props_, false),
+      return ok(plan_split_row(geometry_of(request_, RowView::kPeeled), props_, false),
                 std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs and a row (" +
                     kib(g_.row_bytes) + ") too long for every CTA slot to cache its chunk: two launches, partial " +
-                    "(max, sum) per part merged in fixed order, then normalise" + peeled.peel_note());
+                    "(max, sum) per part merged in fixed order, then normalise");
     }
     const bool one_pass = plan.kernel == SoftmaxKernel::kBlockOnePass || plan.kernel == SoftmaxKernel::kClusterOnePass ||
                           plan.kernel == SoftmaxKernel::kGridOnePass;
     if (!one_pass || plan.lean || plan.prefetch || plan.reg_packs != g_.max_reg_packs) return std::nullopt;
     choice.plan.peel = true;
-    choice.reason += peeled.peel_note();
     return choice;
   }
 
-  // What a peeled plan adds to its reason.
+  // What a peeled plan adds to its reason (choose).
   std::string peel_note() const {
     const int vec = 16 / g_.in_bytes;
     return "; the row (" + std::to_string(p_.n) + " columns) breaks " + std::to_string(vec) + "-element packs: each " +
@@ -503,12 +504,6 @@ class Chooser {
   }
 
   SoftmaxChoice choose_many_rows() {
-    SoftmaxChoice choice = choose_many_rows_plan();
-    if (choice.plan.peel) choice.reason += peel_note();
-    return choice;
-  }
-
-  SoftmaxChoice choose_many_rows_plan() {
     if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
       add_row_prefetch(plan, g_, props_, /*forced=*/false);
