@@ -19,36 +19,32 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
     }
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) -> cudaError_t {
       constexpr int kVec = std::decay_t<decltype(vec)>::value;
-      if (plan.kernel == SoftmaxKernel::kTwoPass) {
-        if (plan.peel) {
-          if constexpr (kVec > 1) {
-            softmax_two_pass_kernel<Op, kVec, /*kPeel=*/true><<<grid, plan.threads, 0, stream>>>(args);
-            return cudaGetLastError();
-          } else {
-            return cudaErrorInvalidValue;  // never planned: peeled rows read their body in 16-byte packs
-          }
+      // launch(std::bool_constant<kPeel>) with the plan's peeling: peeled rows read their body in 16-byte packs,
+      // so single-element instances have no peeled form (never planned).
+      auto with_peel = [&](auto&& launch) -> cudaError_t {
+        if (!plan.peel) return launch(std::false_type{});
+        if constexpr (kVec > 1) {
+          return launch(std::true_type{});
+        } else {
+          return cudaErrorInvalidValue;
         }
-        softmax_two_pass_kernel<Op, kVec><<<grid, plan.threads, 0, stream>>>(args);
-        return cudaGetLastError();
+      };
+      if (plan.kernel == SoftmaxKernel::kTwoPass) {
+        return with_peel([&](auto peel) -> cudaError_t {
+          softmax_two_pass_kernel<Op, kVec, decltype(peel)::value><<<grid, plan.threads, 0, stream>>>(args);
+          return cudaGetLastError();
+        });
       }
       if (plan.kernel != SoftmaxKernel::kSplitRow || ptrs.workspace == nullptr) return cudaErrorInvalidValue;
       Acc* partials = static_cast<Acc*>(ptrs.workspace);
-      auto launch_split = [&](auto peel) -> cudaError_t {
+      return with_peel([&](auto peel) -> cudaError_t {
         constexpr bool kPeel = decltype(peel)::value;
         softmax_split_partials_kernel<Op, kVec, kPeel><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
         cudaError_t err = cudaGetLastError();
         if (err != cudaSuccess) return err;
         softmax_split_apply_kernel<Op, kVec, kPeel><<<grid, plan.threads, 0, stream>>>(args, plan.chunks, partials);
         return cudaGetLastError();
-      };
-      if (plan.peel) {
-        if constexpr (kVec > 1) {
-          return launch_split(std::true_type{});
-        } else {
-          return cudaErrorInvalidValue;  // never planned: peeled rows read their body in 16-byte packs
-        }
-      }
-      return launch_split(std::false_type{});
+      });
     });
   });
 }
