@@ -175,6 +175,92 @@ def test_forced_kernel_ties_go_to_lower_index(kernel, dtype):
             check_topk(x, k, -1, renormalize=False)
 
 
+# Peeled rows (block and split_row, 16- and 32-bit inputs; topk_chunk.cuh): rows that are not whole 16-byte
+# vectors, or start off one, read each row's body from its first 16-byte boundary in vector tiles and the < 2 V
+# elements around it (V = 16 bytes / element) one per thread. Lengths at and around the boundaries: 2 V - 2
+# (too short: scalar loads), 2 V - 1 (the shortest peeled row), one tile (4096) + 2 V - 1, and two chunks of
+# forced split_row (8192 elements on these shapes: explain says so) + 2 (V - 1), where split_row launches one
+# chunk fewer than an aligned row would need (peeled_split_count) and the last chunk of a row at phase 0 runs
+# V values past its 8192; then real vocabularies.
+PEEL_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+
+
+def vec_elems(dtype: torch.dtype) -> int:
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
+def peel_lengths(dtype: torch.dtype) -> list[int]:
+    v = vec_elems(dtype)
+    return [2 * v - 2, 2 * v - 1, 2 * v + 1, 4095, 4096 + 2 * v - 1, 2 * 8192 + 2 * (v - 1), 12289, 50257]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", PEEL_DTYPES)
+@pytest.mark.parametrize("kernel", ["block", "split_row"])
+def test_peeled_rows_forced(kernel, dtype):
+    """2 V + 1 contiguous rows of each length (their starts fall at different element phases) and the same rows
+    one element off a 16-byte boundary: indices exact, values within twice torch's error, k from 1 to N."""
+    for n in peel_lengths(dtype):
+        x = distinct_rows(2 * vec_elems(dtype) + 1, n, dtype, seed=n)
+        assert (n * x.element_size()) % 16 != 0
+        for k in sorted({1, min(50, n), n}):
+            if not n_supported(kernel, n, k, dtype):
+                continue
+            with softmax_ops.force_kernel("topk", kernel):
+                check_topk(x, k, -1, renormalize=k % 2 == 0)
+                check_topk(misaligned(x), k, -1, renormalize=k % 2 == 1)
+
+
+def edge_heavy_rows(rows: int, n: int, v: int) -> torch.Tensor:
+    """float64 rows whose largest values sit in the first and last v columns (a row's head and tail whatever its
+    phase), with ties across the edges: column 0 ties a body column (column 0 must win), column n - 1 ties a body
+    column (the body's must win), and the two edges tie each other."""
+    x = distinct_rows(rows, n, torch.float64, seed=n + v, device="cpu")
+    for j in range(v):
+        x[:, j] = 5.0 + j / 8
+        x[:, n - 1 - j] = 5.0 + j / 8 + 1 / 16
+    x[:, 0] = x[:, n // 3] = 7.0
+    x[:, n - 1] = x[:, n // 2] = 6.5
+    x[:, 1] = x[:, n - 2] = 6.0
+    return x
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", PEEL_DTYPES)
+@pytest.mark.parametrize("kernel", ["block", "split_row"])
+def test_peeled_rows_edges_hold_the_top_values(kernel, dtype):
+    """The top values and their ties in the edges that peeled rows read singly (edge_heavy_rows), and special
+    values there: NaN in the head, NaN and +inf in the tail, -inf filling the edges (indices distinct, in range,
+    in the reference order)."""
+    v = vec_elems(dtype)
+    for n in (4096 + 2 * v - 1, 2 * 8192 + 2 * (v - 1), 50257):
+        rows = 2 * v + 1
+        x = edge_heavy_rows(rows, n, v).to(dtype).cuda()
+        with softmax_ops.force_kernel("topk", kernel):
+            for k in (1, 3, 2 * v + 4):
+                check_topk(x, k, -1, renormalize=False)
+        special = edge_heavy_rows(4, n, v)
+        special[0, 1] = float("nan")
+        special[1, n - 2] = float("nan")
+        special[2, n - 1] = float("inf")
+        special[3, :v] = float("-inf")
+        special[3, -v:] = float("-inf")
+        special = special.to(dtype).cuda()
+        for layout in (special, misaligned(special)):
+            for k in (1, 2 * v + 4):
+                check_reference_order(layout, k, kernel, renormalize=True)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", PEEL_DTYPES)
+def test_automatic_plans_on_vocabulary_rows_that_peel(dtype):
+    """The dispatcher's own plans (block for many rows, split_row for few) on GPT-2's 50257 and a 151935-word
+    vocabulary, whose rows peel."""
+    for rows, n, k in ((64, 50257, 50), (3, 151935, 50), (5, 50257, 1024)):
+        x = (torch.randn(rows, n, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64) * 3).to(dtype)
+        check_topk(x.cuda(), k, -1, renormalize=False)
+
+
 SPECIAL_ROWS = ["nan", "all_nan", "pos_inf", "all_neg_inf", "some_neg_inf", "nan_and_neg_inf"]
 
 
@@ -745,6 +831,19 @@ def test_list_kernels_and_explain():
     assert "kernel 'radix'" in text  # beyond the candidate buffer whatever the heuristics
     with softmax_ops.force_kernel("topk", "block"):
         assert "forced" in softmax_ops.explain((4, 1000), torch.float16, op="fused_topk", k=3)
+    # rows that are not whole 16-byte vectors: peeled (block and split_row, 16- and 32-bit), else single elements
+    assert "aligned body" in softmax_ops.explain((1024, 50257), torch.float16, op="fused_topk", k=50)
+    assert "aligned body" in softmax_ops.explain((4, 151935), torch.float32, op="fused_topk", k=50)
+    with softmax_ops.force_kernel("topk", "split_row"):  # test_peeled_rows_forced's chunks
+        for dtype, n in ((torch.float16, 2 * 8192 + 14), (torch.float32, 2 * 8192 + 6)):
+            text = softmax_ops.explain((17, n), dtype, op="fused_topk", k=50)
+            assert "(2 CTAs per row of 8192 elements" in text and "aligned body" in text
+    assert "single-element" in softmax_ops.explain((1024, 50257), torch.float64, op="fused_topk", k=50)
+    # ... automatically from 2 tiles at 16 bits (4096 x 4095 measured slower peeled), 3 for float32
+    assert "pay from N=4097" in softmax_ops.explain((4096, 4095), torch.float16, op="fused_topk", k=32)
+    assert "pay from N=8193" in softmax_ops.explain((2048, 8191), torch.float32, op="fused_topk", k=16)
+    assert "aligned body" in softmax_ops.explain((2048, 8191), torch.float16, op="fused_topk", k=16)
+    assert "16-byte" not in softmax_ops.explain((1024, 50256), torch.float16, op="fused_topk", k=50)
     assert "kernel '" in softmax_ops.explain((64, 151936), torch.float32, op="fused_topk_backward", k=50)
     with pytest.raises(ValueError, match="k"):
         softmax_ops.explain((4, 100), torch.float32, op="fused_topk")

@@ -191,29 +191,16 @@ RowArgs<Op> make_row_args(const Op& op, const SoftmaxProblem& problem, const Sof
 
 // ---- peeled rows ----------------------------------------------------------------------------------
 //
-// A row whose length is not a multiple of VEC (GPT-2's 50257 words, 4095, 1001), or which starts off a
-// 16-byte boundary for that reason, read as its aligned body of whole packs plus the few single elements
-// around it ("edges"; plan.peel):
-//
-//     row:   [ head: < VEC elements | body: packs whole 16-byte packs | tail: < VEC elements ]
-//
-// The kernels run the body exactly as they run an aligned row, from the body's first element, and up to
-// 2 (VEC - 1) threads take one edge element each, folded into their partial and written singly. Single-
+// Rows whose length is not a multiple of VEC (GPT-2's 50257 words, 4095, 1001), or which start off a 16-byte
+// boundary for that reason, are read as their aligned body plus edge elements (RowEdges, device_utils.cuh;
+// plan.peel). The kernels run the body exactly as they run an aligned row, from the body's first element, and
+// up to 2 (VEC - 1) threads take one edge element each, folded into their partial and written singly. Single-
 // element access to the whole row instead (vec 1) ran 2048 x 50257 fp16 softmax at 0.43 of copy against 0.92
 // for 2048 x 50256, slower than torch eager (H100, session 19 call 1, *session19-c1-bench-odd*). The body is
 // aligned for every pointer when they all share one element phase (address / element size, modulo VEC): the
 // launcher plans peeling only then (pointers_share_phase), and the phase is read from the first input.
-template <int VEC>
-struct RowEdges {
-  int head;       // elements before the body: from the row's start to the next VEC-element boundary, < VEC
-  int64_t packs;  // whole packs in the body
-  int tail;       // elements after the body, < VEC
-
-  __device__ __forceinline__ int count() const { return head + tail; }
-  // The column of edge element e (0 <= e < count()): the head's first, then the tail's.
-  __device__ __forceinline__ int64_t column(int e) const { return e < head ? e : head + packs * VEC + (e - head); }
-};
-
+// row_edges_at's arithmetic, written out: called through it, ptxas scheduled 11 peeled block-kernel backward
+// instances differently (cuobjdump, session 20), whose speed was measured in this form.
 template <int VEC, typename Op>
 __device__ __forceinline__ RowEdges<VEC> row_edges(const RowArgs<Op>& args, int64_t row) {
   using In = typename Op::In;

@@ -12,7 +12,14 @@
 namespace softmax_ops::topk {
 namespace {
 
-template <typename TIn, typename TOut, bool kVectorLoads>
+// The edges of row `row` of a peeled launch (plan.peel, with vector loads over each row's body).
+template <typename TIn>
+__device__ __forceinline__ RowEdges<detail::kVec16<TIn>> peeled_row_edges(const TIn* x, int64_t row, int64_t n) {
+  return row_edges_at<detail::kVec16<TIn>>(static_cast<int64_t>(reinterpret_cast<uintptr_t>(x) / sizeof(TIn)) + row * n, n);
+}
+
+// kPeel (with kVectorLoads): each row's body in vector tiles, its edges one per thread (topk_chunk.cuh).
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     topk_block_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices, int64_t n,
                       int k, int cap, bool renormalize) {
@@ -30,8 +37,16 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   // Up to one candidate per thread are sorted outright (write_sorted_topk's rank sort since session 14): less
   // than a radix select down to k first (~3 barriers per digit). H100, session 13 (*session13-c11-*), with
   // the register network then: 2048 x 8192 k16 -7..-18%, 4096 x 4096 k32 -12..-25%.
-  const int count = Chunk::run(x + row * n, 0, static_cast<int>(n), k, buf, cap, scratch.select, stats, &kth,
-                               kBlockThreads);
+  int count;
+  if constexpr (kPeel) {
+    const auto edges = peeled_row_edges(x, row, n);
+    const int body_end = edges.head + static_cast<int>(edges.packs) * Chunk::V;
+    count = Chunk::template run<true>(x + row * n, edges.head, body_end, k, buf, cap, scratch.select, stats, &kth,
+                                      kBlockThreads, edge_value(x + row * n, edges, true));
+  } else {
+    count = Chunk::run(x + row * n, 0, static_cast<int>(n), k, buf, cap, scratch.select, stats, &kth,
+                       kBlockThreads);
+  }
   stats = block_merge_stats(stats, scratch.stats);
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
@@ -89,7 +104,9 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
 
 // One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum) into the workspace;
 // the CTA that finishes its row last merges the row and writes it (one launch, no second kernel).
-template <typename TIn, typename TOut, bool kVectorLoads>
+// kPeel: chunk p covers [head + p * chunk, head + (p + 1) * chunk) of the row's body, the last one to the body's
+// end (at most 2 (V - 1) more, see peeled_split_count), and chunk 0 also holds the edges.
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false>
 __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
     topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                           int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
@@ -105,12 +122,23 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
 
   const int64_t row = blockIdx.x / splits;
   const int part = static_cast<int>(blockIdx.x % splits);
-  const int64_t lo = part * chunk;
-  const int64_t hi = min(n, lo + chunk);
   RowStats<C> stats;
   Cand kth = Ops::none();
-  int count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select,
-                         stats, &kth, kBlockThreads);
+  int count;
+  if constexpr (kPeel) {
+    const auto edges = peeled_row_edges(x, row, n);
+    const int64_t body_end = edges.head + edges.packs * Chunk::V;
+    const int64_t lo = edges.head + part * chunk;
+    const int64_t hi = part == splits - 1 ? body_end : lo + chunk;
+    count = Chunk::template run<true>(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap,
+                                      scratch.select, stats, &kth, kBlockThreads,
+                                      edge_value(x + row * n, edges, part == 0));
+  } else {
+    const int64_t lo = part * chunk;
+    const int64_t hi = min(n, lo + chunk);
+    count = Chunk::run(x + row * n, static_cast<int>(lo), static_cast<int>(hi), k, buf, cap, scratch.select, stats,
+                       &kth, kBlockThreads);
+  }
   // Up to one candidate per thread is left unselected (as in the block kernel; more were selected down to k):
   // sorted outright, the chunk's k best first. Its k-th then bounds the row's k-th best from below.
   if (count > k) {
@@ -133,7 +161,7 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
-template <typename TIn, typename TOut, bool kVectorLoads>
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel>
 cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                                  cudaStream_t stream) {
   using C = compute_t<TIn>;
@@ -144,7 +172,7 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
   const auto* x = static_cast<const TIn*>(ptrs.x);
   auto* values = static_cast<TOut*>(ptrs.values);
   if (plan.kernel == TopkKernel::kBlock) {
-    const auto kernel = topk_block_kernel<TIn, TOut, kVectorLoads>;
+    const auto kernel = topk_block_kernel<TIn, TOut, kVectorLoads, kPeel>;
     cudaError_t err = allow_dynamic_smem(kernel, smem);
     if (err != cudaSuccess) return err;
     kernel<<<static_cast<unsigned>(problem.rows), kBlockThreads, smem, stream>>>(x, values, ptrs.indices, problem.n, k,
@@ -152,7 +180,8 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
     return cudaGetLastError();
   }
   const int64_t chunk = split_chunk_elems(problem.n, plan.splits);
-  const int splits = static_cast<int>(split_count(problem.n, plan.splits));
+  const int splits = static_cast<int>(kPeel ? peeled_split_count(problem.n, plan.splits, detail::kVec16<TIn>)
+                                            : split_count(problem.n, plan.splits));
   const SplitWorkspaceLayout layout = split_workspace_layout(problem.in_dtype, problem.rows, problem.n, problem.k,
                                                              plan.splits);
   auto* base = static_cast<unsigned char*>(ptrs.workspace);
@@ -165,7 +194,7 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
   // before they take a ticket.
   cudaError_t err = launch_zero_words(ws.tickets, problem.rows, stream);
   if (err != cudaSuccess) return err;
-  const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads>;
+  const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads, kPeel>;
   err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   bool programmatic = false;
@@ -182,7 +211,12 @@ cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, 
   return dispatch_forward_instance(problem, plan, [&](auto in_tag, auto out_tag, auto vector_loads) {
     using TIn = typename decltype(in_tag)::type;
     using TOut = typename decltype(out_tag)::type;
-    return launch_block_kernels<TIn, TOut, decltype(vector_loads)::value>(problem, plan, ptrs, stream);
+    constexpr bool kVectorLoads = decltype(vector_loads)::value;
+    // Peeled instances for the types the plan peels (peel_plan_allowed): float64 is not a speed target.
+    if constexpr (!kVectorLoads && !std::is_same_v<TIn, double>) {
+      if (plan.peel) return launch_block_kernels<TIn, TOut, true, true>(problem, plan, ptrs, stream);
+    }
+    return launch_block_kernels<TIn, TOut, kVectorLoads, false>(problem, plan, ptrs, stream);
   });
 }
 

@@ -20,6 +20,10 @@
 // Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them). Take-mask
 // bits: b = u*V + j (valid_mask, candidate; split_hist uses these), except in run() for 16-bit inputs, which
 // compares 32-bit words: see kPairs.
+// Peeled rows (plan.peel; rows not a whole number of 16-byte vectors, or starting off one): the body of each
+// row (RowEdges, device_utils.cuh) is read in vector tiles like an aligned row, and its < 2 V edge values, one
+// per thread of the CTA that holds the row's first chunk, enter that CTA's buffer and (max, sum) before the
+// first tile (EdgeValue, run<true>).
 // Also here: the block-family CTA's static scratch, and the per-row ticket and (max, sum) merge of the kernels
 // that split a row over several CTAs.
 #pragma once
@@ -28,6 +32,9 @@
 #include "topk_launch.h"
 
 namespace softmax_ops::topk {
+
+using detail::RowEdges;
+using detail::row_edges_at;
 
 // The bound of the tile filter for threshold key tau_key: !(x <= bound) (one unordered compare) passes
 // every x whose key is above tau_key, and nothing that ranks at or below a threshold with a real value.
@@ -42,6 +49,29 @@ __device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
   if (t == t) return t;
   const C inf = static_cast<C>(INFINITY);
   return tau_key > OrderKey<C>::of(inf) ? inf : quiet_nan<C>();
+}
+
+// One edge value of a peeled row, held by thread `e` of the CTA that holds the row's edges (edge_value).
+template <typename C>
+struct EdgeValue {
+  C value;
+  uint32_t column;
+  int count = 0;  // the row's edge values in this CTA (the same in every thread; 0: it holds none)
+};
+
+// Thread threadIdx.x's edge value of the row starting at `row` (edge number threadIdx.x: the head's first,
+// then the tail's), where `holds_edges`; none elsewhere.
+template <typename TIn, int V>
+__device__ __forceinline__ EdgeValue<compute_t<TIn>> edge_value(const TIn* row, const RowEdges<V>& edges,
+                                                                bool holds_edges) {
+  EdgeValue<compute_t<TIn>> e;
+  e.count = holds_edges ? edges.count() : 0;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < e.count) {
+    e.column = static_cast<uint32_t>(edges.column(t));
+    e.value = load_scalar(row + e.column);
+  }
+  return e;
 }
 
 // kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
@@ -340,14 +370,20 @@ struct ChunkTopk {
   // and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
+  // kEdges (peeled rows): `edge` (edge_value) joins this thread's (max, sum) and, unfiltered, the buffer at slot
+  // threadIdx.x before the first tile: the buffer only has to hold a superset of the k best, and every floor
+  // below is reached by k distinct values of the row either way (a thread's maximum is one of its values).
   //
   // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
   // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
   // added at most kPerThread. Only when it passes cap - kTileElems (the next tile could overflow) is the
   // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTileElems =
   // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
+  template <bool kEdges = false>
   static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
-                            SelectScratch& s, RowStats<C>& stats, Cand* kth, int keep = 0) {
+                            SelectScratch& s, RowStats<C>& stats, Cand* kth, int keep = 0,
+                            EdgeValue<C> edge = {}) {
+    static_assert(!kEdges || kPrefetch, "peeled rows: vector tiles, the next one in flight");
     stats = empty_stats<C>();
     if (threadIdx.x == 0) s.count = 0;
     C bound = quiet_nan<C>();
@@ -359,6 +395,21 @@ struct ChunkTopk {
     const TIn* next_x = x + lo;
     RawTile next;
     if constexpr (kPrefetch) load_tile(next_x, min(hi - lo, kTileElems), next);
+    if constexpr (kEdges) {
+      // After the first tile's loads are issued: in front of them, waiting for the edge's load cost a second
+      // DRAM latency per CTA (H100, session 20 call 1: 4096 x 4095 k32 fp32 +10%, one tile per row).
+      // At most 2 (V - 1) <= 14 values, unfiltered: within the room the overflow invariant below keeps for k +
+      // slack. The first tile's barrier (first_tile_bound) publishes them and the count before any append.
+      // Through the first tile's filter instead (one more take-mask bit), the tile loop's extra work cost more
+      // than the candidates it saved: 1024 x 50257 k50 fp16 60.2 us against 58.7 (session 20 calls 2, 3).
+      if (static_cast<int>(threadIdx.x) < edge.count) {
+        const C one[1] = {edge.value};
+        fold_stats(stats, one);
+        buf[threadIdx.x] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
+      }
+      if (threadIdx.x == 0) s.count = edge.count;
+      fill_bound = edge.count;
+    }
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
     for (int t0 = lo;; t0 += kTileElems) {
       const int valid = min(hi - t0, kTileElems);

@@ -50,6 +50,14 @@ bool rows_are_vector_aligned(const void* ptr, int64_t n, DType dtype) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (n * dtype_bytes(dtype)) % 16 == 0;
 }
 
+// Rows that are not rows_are_vector_aligned, read as each row's aligned body of vectors and its < 2 V edge
+// elements singly (topk_chunk.cuh), where the plan peels rows of this length (TopkPlan::peel_min_n, from the
+// dispatcher) and the data is element-aligned.
+bool plan_peels_rows(const TopkPlan& plan, const void* ptr, int64_t n, DType dtype) {
+  return plan.peel_min_n > 0 && n >= plan.peel_min_n && !plan.vector_loads &&
+         reinterpret_cast<uintptr_t>(ptr) % dtype_bytes(dtype) == 0;
+}
+
 void check_row_length(int64_t n, const char* op) {
   TORCH_CHECK_VALUE(n <= std::numeric_limits<int32_t>::max(), "softmax_ops.", op,
                     ": rows longer than 2^31 - 1 elements are not supported on CUDA (N = ", std::to_string(n), ")");
@@ -62,6 +70,7 @@ void launch_plan(const TopkProblem& problem, TopkPlan plan, const at::Tensor& in
   ptrs.values = values.mutable_data_ptr();
   ptrs.indices = indices.mutable_data_ptr<int64_t>();
   plan.vector_loads = rows_are_vector_aligned(ptrs.x, problem.n, problem.in_dtype);
+  plan.peel = plan_peels_rows(plan, ptrs.x, problem.n, problem.in_dtype);
   at::Tensor workspace;
   if (plan.workspace_bytes > 0) {
     workspace = at::empty({static_cast<int64_t>(plan.workspace_bytes)}, input.options().dtype(at::kByte));

@@ -97,6 +97,15 @@ struct TopkHeuristics {
   // (fp32) vs split_row 24.4 / 27.2 / 22.5. Not measured between 2 and 7 rows; at 64 rows split_row wins.
   // Both only where the logits fit the L2 (split_hist reads them twice; from DRAM that would double the bytes).
   int64_t split_hist_max_rows = 1;
+  // block / split_row on rows that are not whole 16-byte vectors: peeled (each row's body in vector tiles, the
+  // < 2 V elements around it singly) when longer than this many tiles, single-element loads otherwise. H100,
+  // 2026-11-23 (session 20 call 2, *session20-c2-compare-topk-peel.txt*, two interleaved runs per tree, auto
+  // plans, fp16 / bf16 / fp32 us): 1024 x 50257 k50 74.0 / 84.5 / 93.8 -> 58.7 / 58.7 / 91.1, 64 x 151935
+  // k50 (split_row) 34.9 / 38.7 / 35.3 -> 29.7 / 30.5 / 32.6, 256 x 32767 k64 24.4 / 27.0 / 26.8 -> 20.3 / 20.3 /
+  // 23.8; but 4096 x 4095 k32 (one tile) 43.6 / 47.9 / 46.5 -> 44.9 / 45.2 / 48.8 and 2048 x 8191 k16 fp32 (two)
+  // 39.7 -> 40.3 (fp16 34.6 -> 33.5).
+  int64_t peel_min_tiles_16bit = 1;
+  int64_t peel_min_tiles_fp32 = 2;
   // radix: CTAs per SM to aim for across rows x chunks, chunks >= this many elements.
   int64_t radix_target_ctas_per_sm = 2;
   int64_t radix_min_chunk = 16384;
@@ -213,10 +222,20 @@ std::string unsupported_reason(TopkKernel kernel, int64_t n, int64_t k, DType dt
   return why.str();
 }
 
+// block / split_row: the shortest rows that read peeled (TopkPlan::peel_min_n). Forced, every length the kernels
+// take (tests reach the edges of short rows); float64 never (not a speed target).
+int64_t peel_min_n_for(DType dtype, bool forced) {
+  if (dtype == DType::kFloat64) return 0;
+  if (forced) return peel_min_n(dtype);
+  const int64_t tiles = dtype == DType::kFloat32 ? kHeuristics.peel_min_tiles_fp32 : kHeuristics.peel_min_tiles_16bit;
+  return std::max(peel_min_n(dtype), tiles * kTileElems + 1);
+}
+
 TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
                   bool forced) {
   TopkPlan plan;
   plan.kernel = kernel;
+  if (kernel == TopkKernel::kBlock || kernel == TopkKernel::kSplitRow) plan.peel_min_n = peel_min_n_for(dtype, forced);
   switch (kernel) {
     case TopkKernel::kWarp:
       plan.lanes_per_row = warp_lanes(rows, n, k, dtype, props);
@@ -309,6 +328,11 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       << rows << (rows == 1 ? " row" : " rows") << " of N=" << n << "): ";
   std::string why;
   const TopkPlan plan = resolve_topk_plan(rows, n, k, in, props, &why);
+  // The launcher peels by the actual pointer (plan_peels_rows, topk_cuda.cpp); a contiguous tensor's rows are
+  // aligned exactly when they are whole vectors.
+  const bool block_family = plan.kernel == TopkKernel::kBlock || plan.kernel == TopkKernel::kSplitRow;
+  const bool whole_vectors = (n * dtype_bytes(in)) % 16 == 0;
+  const bool peel = block_family && !whole_vectors && plan.peel_min_n > 0 && n >= plan.peel_min_n;
   out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
     case TopkKernel::kRows:
@@ -323,8 +347,8 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       out << " (one " << kBlockThreads << "-thread CTA per row, " << plan.smem_bytes / 1024 << " KB candidate buffer)";
       break;
     case TopkKernel::kSplitRow:
-      out << " (" << split_count(n, plan.splits) << " CTAs per row of " << split_chunk_elems(n, plan.splits)
-          << " elements, then a merge CTA per row)";
+      out << " (" << (peel ? peeled_split_count(n, plan.splits, vec_elems(in)) : split_count(n, plan.splits))
+          << " CTAs per row of " << split_chunk_elems(n, plan.splits) << " elements, then a merge CTA per row)";
       break;
     case TopkKernel::kSplitHist:
       out << " (" << split_hist_count(n, plan.splits) << " CTAs per row of " << split_hist_chunk_elems(n, plan.splits)
@@ -336,7 +360,14 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
           << " digit passes, then a sort of the k selected)";
       break;
   }
-  out << ": " << why << ". [" << device_line(props) << "]";
+  out << ": " << why;
+  if (block_family && !whole_vectors) {
+    out << "; rows of " << n << " elements are not whole 16-byte vectors: "
+        << (peel ? "each row's aligned body is read in vectors, the elements around it singly"
+                 : "single-element loads");
+    if (!peel && plan.peel_min_n > 0) out << " (peeled rows pay from N=" << plan.peel_min_n << ")";
+  }
+  out << ". [" << device_line(props) << "]";
   return out.str();
 }
 

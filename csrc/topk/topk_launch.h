@@ -105,6 +105,14 @@ inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
   return std::max<int64_t>(kTileElems, aligned_chunk_elems(n, splits, kTileElems));
 }
 inline int64_t split_count(int64_t n, int64_t splits) { return chunk_count(n, split_chunk_elems(n, splits)); }
+// split_row on peeled rows (TopkPlan::peel): each row's body, whose length depends on the row's phase and is at
+// least n - 2 (V - 1), in chunks of split_chunk_elems, the last one running to the body's end: as many as the
+// shortest body needs, so that no chunk is empty. At most split_count (the workspace's layout).
+inline int64_t peeled_split_count(int64_t n, int64_t splits, int vec) {
+  return chunk_count(n - 2 * (vec - 1), split_chunk_elems(n, splits));
+}
+// The shortest rows the peeled kernels take: one whole vector in the body (n - 2 (V - 1) >= 1).
+inline int64_t peel_min_n(DType in) { return 2 * vec_elems(in) - 1; }
 // Per (row, chunk): k candidates, then per (row, chunk) the chunk's (max, sum) as two compute-type values
 // (16-byte slots), then per row a 32-bit ticket (zeroed by a kernel launched in front of it).
 struct SplitWorkspaceLayout {
@@ -188,6 +196,9 @@ struct TopkPlan {
   int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two); rows: threads (1..16)
   int64_t splits = 1;           // split_row / split_hist / radix: chunks per row (before rounding, see *_count)
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
+  int64_t peel_min_n = 0;       // block / split_row: rows of at least this many elements that are not vector_loads
+                                // read each row's body in vectors (RowEdges); 0: never
+  bool peel = false;            // the launcher's decision from peel_min_n and the pointer
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
   size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };

@@ -100,6 +100,37 @@ __device__ __forceinline__ C block_all_reduce(C v, C* scratch, Op op) {
   return r;
 }
 
+// ---- peeled rows --------------------------------------------------------------------------------------
+//
+// A row whose length is not a multiple of VEC elements of 16 bytes, or which starts off a 16-byte boundary
+// for that reason, read as its aligned body of whole packs plus the few single elements around it ("edges"):
+//
+//     row:   [ head: < VEC elements | body: packs whole 16-byte packs | tail: < VEC elements ]
+//
+// Both families peel (softmax_kernel_common.cuh, topk_chunk.cuh); each says which kernels do and why.
+template <int VEC>
+struct RowEdges {
+  int head;       // elements before the body: from the row's start to the next VEC-element boundary, < VEC
+  int64_t packs;  // whole packs in the body
+  int tail;       // elements after the body, < VEC
+
+  __device__ __forceinline__ int count() const { return head + tail; }
+  // The column of edge element e (0 <= e < count()): the head's first, then the tail's.
+  __device__ __forceinline__ int64_t column(int e) const { return e < head ? e : head + packs * VEC + (e - head); }
+};
+
+// The edges of a row of n elements that starts at element `start` of memory (its address / element size):
+// its body begins at the first multiple of VEC.
+template <int VEC>
+__device__ __forceinline__ RowEdges<VEC> row_edges_at(int64_t start, int64_t n) {
+  const int64_t to_boundary = (VEC - start % VEC) % VEC;
+  RowEdges<VEC> edges;
+  edges.head = static_cast<int>(min(to_boundary, n));
+  edges.packs = (n - edges.head) / VEC;
+  edges.tail = static_cast<int>(n - edges.head - edges.packs * VEC);
+  return edges;
+}
+
 }  // namespace detail
 
 #endif  // defined(__CUDACC__)
