@@ -244,6 +244,23 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     assert shape[0] * ctas_per_row <= 2 * SM_COUNT
 
 
+@pytest.mark.parametrize("shape,k,dtype,peeled", [
+    ((1024, 50257), 50, torch.float16, True),   # 74.0 -> 58.7 us
+    ((1024, 50257), 50, torch.float32, True),   # 93.8 -> 91.1
+    ((64, 151935), 50, torch.bfloat16, True),   # split_row 38.7 -> 30.5
+    ((2048, 8191), 16, torch.float16, True),    # two tiles: 34.6 -> 33.5
+    ((2048, 8191), 16, torch.float32, False),   # 39.7 -> 40.3 peeled
+    ((4096, 4095), 32, torch.float16, False),   # one tile: 43.6 -> 44.9 peeled
+    ((4096, 4095), 32, torch.float32, False),   # 46.5 -> 48.8 peeled
+    ((1024, 50257), 50, torch.float64, False),  # not a speed target
+])
+def test_fused_topk_peels_rows_of_more_than_one_or_two_tiles(shape, k, dtype, peeled):
+    """csrc/topk/topk_dispatch.cpp, peel_min_tiles_16bit / _fp32: rows that are not whole 16-byte vectors read
+    each row's aligned body in vectors from 2 tiles (16-bit) or 3 (float32) (H100, session 20 call 2)."""
+    text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert ("aligned body" in text) == peeled and "not whole 16-byte vectors" in text, text
+
+
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
     ((2048, 50257), torch.float16, "softmax", "block_onepass"),      # GPT-2's vocabulary
     ((2048, 50257), torch.float32, "softmax", "cluster_onepass"),
