@@ -1,5 +1,5 @@
 """Peeled rows (lengths that break 16-byte packs: each row's aligned body in packs, the elements around it
-singly) on every kernel with a peeled form, forced, plus the automatic many-rows plan: forward, log and
+singly) on every kernel with a peeled form, forced, plus the automatic plans: forward, log and
 backward, every result checked against float64, for compute-sanitizer.
 
 Run it without PyTorch's caching allocator, so that every tensor is its own allocation and a read or write
@@ -12,11 +12,13 @@ import torch
 
 import softmax_ops
 
-KERNELS = ("block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row", None)  # None: automatic
-# Rows starting at every phase (2 v + 1 rows for v <= 8), a body of one pack, bodies of many packs, 4095;
-# the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row).
-SHAPES = ((17, 9), (17, 31), (17, 4095), (3, 100003))
-AUTOMATIC_SHAPES = ((140, 4095), (140, 50257), (64, 151935), (3, 2_000_001))
+KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row", None)  # None: automatic
+# Rows starting at every phase (2 v + 1 rows for v <= 8), a body of one pack, bodies of many packs, 1023, 4095;
+# the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row),
+# and short ones in the warp kernel (8192 x 1023, 4096 x 101).
+SHAPES = ((17, 9), (17, 31), (17, 1023), (17, 4095), (3, 100003))
+AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (140, 4095), (140, 50257), (64, 151935), (3, 2_000_001))
+WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 
 def forced(family, kernel):
@@ -30,6 +32,8 @@ def main() -> None:
             for shape in SHAPES if kernel else AUTOMATIC_SHAPES:
                 if kernel == "block_onepass" and shape[1] > 50000:
                     continue  # the backward's two streams do not fit one CTA
+                if kernel == "warp" and shape[1] > WARP_MAX_N:
+                    continue  # beyond the warp kernel's registers
                 x = torch.randn(shape, device="cuda", dtype=dtype) * 3
                 with forced("softmax", kernel):
                     y = softmax_ops.softmax(x, -1)

@@ -90,7 +90,7 @@ def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool) -> int:
 
 # Kernels with a peeled form: rows whose length breaks 16-byte packs run as each row's aligned body in packs
 # plus the few elements around it singly (softmax_kernel_common.cuh: RowEdges); the others take single elements.
-PEELED_KERNELS = ["block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row"]
+PEELED_KERNELS = ["warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass", "split_row"]
 
 
 def row_vec(n: int, dtype: torch.dtype, kernel: str | None = None) -> int:
@@ -498,11 +498,13 @@ def test_peeled_rows_backward(kernel, in_dtype, out_dtype, op):
 @pytest.mark.parametrize("kernel", PEELED_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_peeled_rows_special_values(kernel, dtype, op):
-    """special_rows (NaN in the last column, +inf mid-row, all / some -inf, huge magnitudes) on 4095 columns:
-    the specials sit in tails and bodies of rows at different phases; a NaN and a +inf in the first column
-    (a head) of two more rows."""
-    x = special_rows(4095, dtype)
-    extra = make_input((2, 4095), torch.float64, seed=5).to(dtype)
+    """special_rows (NaN in the last column, +inf mid-row, all / some -inf, huge magnitudes) on 4095 columns
+    (the warp kernel: 1023, or 255 for float64): the specials sit in tails and bodies of rows at different
+    phases; a NaN and a +inf in the first column (a head) of two more rows."""
+    n = 4095 if kernel != "warp" else (255 if dtype == torch.float64 else 1023)
+    assert kernel_handles(kernel, n, dtype)
+    x = special_rows(n, dtype)
+    extra = make_input((2, n), torch.float64, seed=5).to(dtype)
     extra[0, 0] = float("nan")
     extra[1, 0] = float("inf")
     x = torch.cat([x, extra]).cuda()
@@ -518,11 +520,13 @@ def test_peeled_rows_special_values(kernel, dtype, op):
         ((140, 50257), True),
         ((64, 151935), True),  # few long rows: a grid group / cluster of the most register packs per thread
         ((3, 2_000_001), True),  # split_row
-        ((133, 1001), None),  # short rows: one-warp CTAs forward (single elements), two-warp CTAs backward
-        ((2200, 1001), None),
+        ((133, 1001), True),  # short rows: the warp kernel (float32 backward: block_onepass)
+        ((2200, 1001), True),
         ((140, 2049), True),  # the lean instances' float form (>= 256 packs of 4)
         ((140, 8191), True),  # the lean forward's wide form (16-bit)
-        ((2112, 2047), True),  # 16-bit: 255 packs, the plain instance in one-warp CTAs (16 rows per SM)
+        ((2112, 2047), True),  # 16-bit: 255 packs, the warp kernel (one wave of rows)
+        ((8192, 1023), True),  # the warp kernel, peeled
+        ((4096, 101), True),  # the warp kernel, 16 lanes per row at 16 bits (one edge element per lane)
     ],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])

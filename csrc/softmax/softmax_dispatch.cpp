@@ -242,7 +242,7 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kWarp;
   plan.vec = g.vec;
-  if (g.peel) throw std::logic_error("softmax_ops: a peeled warp plan (the Chooser plans single elements)");
+  plan.peel = g.peel;
   plan.threads = kWarpKernelThreads;
   if (g.n_packs <= 32) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
@@ -254,6 +254,11 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   } else {
     plan.lanes_per_row = 32;
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
+  }
+  // A peeled row's edge elements, one per lane: at least warp_peel_min_lanes lanes per row.
+  if (g.peel && plan.lanes_per_row < warp_peel_min_lanes(g.vec)) {
+    plan.lanes_per_row = warp_peel_min_lanes(g.vec);
+    plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
   }
   // Fewer rows than SMs x 4 warps: CTAs of fewer warps, so the rows spread over more SMs. 128 x 1024 (one row
   // per warp) ran on 32 SMs in CTAs of 4 warps, each SM's share of the loads and stores queued behind one
@@ -434,6 +439,10 @@ class Chooser {
       Chooser peeled(request_, props_, RowView::kPeeled);
       if (auto lean = peeled.lean_rows()) return *lean;
     }
+    if (peelable(request_)) {
+      Chooser peeled(request_, props_, RowView::kPeeled);
+      if (auto warp = peeled.peeled_warp_rows()) return *warp;
+    }
     const int64_t warp_max_bytes = warp_max_row_bytes();
     if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
       if (auto spread = spread_small_rows()) return *spread;
@@ -455,6 +464,26 @@ class Chooser {
       if (!peeled.too_few_warps(choice.plan)) return choice;
     }
     return choose_many_rows();
+  }
+
+  // Rows that break 16-byte packs, of the warp kernel's lengths in packs: the warp kernel, peeled (an edge
+  // element per lane), except few 16-bit forward rows that whole packs would spread over a CTA
+  // (spread_small_rows). Before it such rows of at most 32 x 8 elements ran as single elements in the warp
+  // kernel, longer ones as peeled one-warp CTAs of 8 packs per thread (8192 x 1023 fp16 0.72 of copy, 10-20%
+  // behind torch.compile; session 19). H100, session 20 call 5 (*session20-c5-compare-peeled-warp*, us, fp16 /
+  // bf16 / fp32, before -> peeled warp): softmax 8192 x 1023 22.6 / 25.1 / 29.2 -> 17.7 / 17.9 / 28.4, 16384 x
+  // 513 -48 / -50 / -4%, 32768 x 777 -40 / -34 / -2%, 65536 x 100 -27 / -30 / +0.5%, 1000 x 1001 -15 / -8 / -9%,
+  // 37 x 1023 -28 / -27 / -7%; log_softmax alike; softmax_backward (16-bit: float32 rows of 513-1023 keep the
+  // block kernel, beyond the backward's 2 KB warp rows) 8192 x 1023 -7 / -10%, 65536 x 100 -18 / -21%; the
+  // few-microsecond 133 x 1001 and 1000 x 1001 backward +2..+5%, 133 x 1001 bf16 log_softmax +7% (6.0 -> 6.5).
+  std::optional<SoftmaxChoice> peeled_warp_rows() {
+    if (!warp_fits() || p_.n * g_.in_bytes > warp_max_row_bytes()) return std::nullopt;
+    const bool spread = g_.in_bytes == 2 && !p_.backward && g_.n_packs > 4 * 32 &&
+                        g_.rows <= Heuristics::kSmallRowsPerSm * props_.sm_count;
+    if (spread) return std::nullopt;
+    return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
+                                         kib(warp_max_row_bytes()) + "): one warp or sub-warp per row, " +
+                                         "row in registers, no block barrier");
   }
 
   // A peeled plan of one-warp CTAs (rows of at most 32 x 8 packs: the peeled instances hold the most register
@@ -807,8 +836,8 @@ class Chooser {
     const std::string& name = request_.forced;
     // The kernels with a peeled form run peelable rows peeled when they can (grid_onepass: unless its chunks
     // must be streamed); the others, and those cases, with single elements.
-    const bool has_peeled_form = name == "block_onepass" || name == "cluster_onepass" || name == "grid_onepass" ||
-                                 name == "two_pass" || name == "split_row";
+    const bool has_peeled_form = name == "warp" || name == "block_onepass" || name == "cluster_onepass" ||
+                                 name == "grid_onepass" || name == "two_pass" || name == "split_row";
     if (!g_.peel && has_peeled_form && peelable(request_)) {
       SoftmaxChoice choice = Chooser(request_, props_, RowView::kPeeled).forced();
       if (choice.error.empty()) return choice;
@@ -944,6 +973,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
   switch (plan.kernel) {
     case SoftmaxKernel::kWarp:
       s += ", " + to_string(plan.lanes_per_row) + " lane(s) per row, " + to_string(plan.reg_packs) + " pack(s) per lane";
+      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:

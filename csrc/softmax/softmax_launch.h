@@ -66,6 +66,8 @@ struct SoftmaxPlan {
 constexpr int kMaxClusterCtas = 16;            // cluster_onepass: CTAs per row (16: the non-portable opt-in)
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
+// Peeled warp kernel: lanes per row at least, so that each lane holds at most one of the < 2 VEC edge elements.
+constexpr int warp_peel_min_lanes(int vec) { return vec <= 2 ? 2 : (vec <= 4 ? 8 : 16); }
 constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 registers per thread
 // The block kernel's lean instance (kLean): CTAs of up to 512 threads, 4 per SM, <= 32 registers per thread.
 constexpr int kLeanCtaThreads = 512;

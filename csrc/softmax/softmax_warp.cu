@@ -13,9 +13,23 @@ cudaError_t launch_softmax_warp(const SoftmaxProblem& problem, const SoftmaxPlan
     using Op = decltype(op);
     const RowArgs<Op> args = make_row_args(op, problem, ptrs);
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) {
-      return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto packs) {
-        softmax_warp_kernel<Op, std::decay_t<decltype(vec)>::value, std::decay_t<decltype(packs)>::value>
-            <<<static_cast<unsigned>(plan.grid), plan.threads, 0, stream>>>(args, lanes_log2);
+      constexpr int kVec = std::decay_t<decltype(vec)>::value;
+      return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto packs) -> cudaError_t {
+        constexpr int kPacks = std::decay_t<decltype(packs)>::value;
+        // Peeled rows read their body in 16-byte packs, an edge element per lane: single-element instances have
+        // no peeled form, and a row needs warp_peel_min_lanes lanes (never planned otherwise).
+        if (plan.peel) {
+          if constexpr (kVec > 1) {
+            if (plan.lanes_per_row < warp_peel_min_lanes(kVec)) return cudaErrorInvalidValue;
+            softmax_warp_kernel<Op, kVec, kPacks, true>
+                <<<static_cast<unsigned>(plan.grid), plan.threads, 0, stream>>>(args, lanes_log2);
+            return cudaGetLastError();
+          } else {
+            return cudaErrorInvalidValue;
+          }
+        }
+        softmax_warp_kernel<Op, kVec, kPacks><<<static_cast<unsigned>(plan.grid), plan.threads, 0, stream>>>(
+            args, lanes_log2);
         return cudaGetLastError();
       });
     });

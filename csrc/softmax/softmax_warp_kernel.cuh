@@ -22,10 +22,13 @@
 namespace softmax_ops::detail {
 
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
-template <typename Op, int VEC, int PACKS>
+// kPeel: `edge` is the lane's edge element of a peeled row (the padding where it holds none), its result
+// written to edge_out where that is not null.
+template <typename Op, int VEC, int PACKS, bool kPeel = false>
 __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
                                              int lane_in_row, int64_t n_packs, bool row_valid,
-                                             typename Op::Out* out) {
+                                             typename Op::Out* out, float edge = 0.f,
+                                             typename Op::Out* edge_out = nullptr) {
   using Out = typename Op::Out;
   float e[PACKS][VEC];
   float maxes[kIlp];  // independent chains, see ForwardOp::accumulate
@@ -39,6 +42,7 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       maxes[j % kIlp] = row_max(maxes[j % kIlp], e[p][j]);
     }
   }
+  if constexpr (kPeel) maxes[0] = row_max(maxes[0], edge);
   const float m = warp_all_reduce_with(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }), lanes,
                                        [](float a, float b) { return row_max(a, b); });
   // A NaN or +inf in the row makes the sum NaN, an all -inf row exp(NaN): every output NaN, as torch.
@@ -50,6 +54,11 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       e[p][j] = ExpMath<float>::exp_from(e[p][j], m);
       sums[j % kIlp] += e[p][j];
     }
+  }
+  [[maybe_unused]] float edge_e;
+  if constexpr (kPeel) {
+    edge_e = ExpMath<float>::exp_from(edge, m);
+    sums[0] += edge_e;
   }
   const float sum = warp_all_reduce_with(reduce_ilp(sums, [](float a, float b) { return a + b; }), lanes,
                                          [](float a, float b) { return a + b; });
@@ -64,13 +73,20 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       store_vec<Out, VEC>(out + k * VEC, result);
     }
   }
+  if constexpr (kPeel) {
+    if (edge_out != nullptr) *edge_out = convert<Out>(edge_e * inv_sum);
+  }
 }
 
 // Forward float math with at most 32 floats of exponentials per lane (16-bit: <= 4 packs; float: the cache).
 template <typename Op, int VEC, int PACKS>
 constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
 
-template <typename Op, int VEC, int PACKS>
+// kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel), one per lane:
+// the plan gives a row at least 2 (VEC - 1) lanes (warp_peel_min_lanes). The edge element is folded into the
+// lane's partial and its result written singly.
+
+template <typename Op, int VEC, int PACKS, bool kPeel = false>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
   using In = typename Op::In;
   using Out = typename Op::Out;
@@ -83,14 +99,25 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
   const int rows_per_warp = kWarpSize >> lanes_log2;
   const int row_in_block = static_cast<int>(threadIdx.x / kWarpSize) * rows_per_warp + (lane >> lanes_log2);
   const int64_t rows_per_block = static_cast<int64_t>(blockDim.x / kWarpSize) * rows_per_warp;
-  const int64_t n_packs = args.n / VEC;  // VEC > 1 only when VEC divides n
-  if (n_packs > static_cast<int64_t>(PACKS) * lanes) __trap();  // a dispatcher bug, never a wrong answer
+  // VEC > 1 only when VEC divides n, or peeled: the longest body.
+  const int64_t max_packs = args.n / VEC;
+  if (max_packs > static_cast<int64_t>(PACKS) * lanes) __trap();  // a dispatcher bug, never a wrong answer
+  if (kPeel && lanes < warp_peel_min_lanes(VEC)) __trap();
 
   for (int64_t first = blockIdx.x * rows_per_block; first < args.rows;
        first += static_cast<int64_t>(gridDim.x) * rows_per_block) {
     const int64_t row = first + row_in_block;
     const bool row_valid = row < args.rows;
-    const int64_t row_offset = row * args.n;
+    int64_t row_offset = row * args.n;
+    int64_t n_packs = max_packs;
+    [[maybe_unused]] RowEdges<VEC> edges{};
+    [[maybe_unused]] C edge[S];
+    if constexpr (kPeel) {
+      edges = row_edges<VEC>(args, row);
+      load_edge(args, row_offset, edges, row_valid ? lane_in_row : -1, edge);
+      n_packs = edges.packs;
+      row_offset += edges.head;
+    }
 
     Pack<In, VEC> cache[S][PACKS];
 #pragma unroll
@@ -108,7 +135,15 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
 
     if constexpr (kWarpExpOnce<Op, VEC, PACKS>) {
       if (!op.log) {
-        exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset);
+        if constexpr (kPeel) {
+          const bool holds_edge = row_valid && lane_in_row < edges.count();
+          exp_once_row<Op, VEC, PACKS, true>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset,
+                                             edge[0],
+                                             holds_edge ? args.out + row * args.n + edges.column(lane_in_row)
+                                                        : nullptr);
+        } else {
+          exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset);
+        }
         continue;
       }
     }
@@ -126,8 +161,10 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       }
     };
     typename Op::Acc acc = op.accumulate(Op::identity(), visit);
+    if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = warp_all_reduce<Op>(acc, lanes);  // every lane, valid row or not: the shuffles need all 32
     const typename Op::Row row_consts = op.finalize(acc);
+    if constexpr (kPeel) store_edge(args, row * args.n, edges, row_valid ? lane_in_row : -1, row_consts, edge);
 
 #pragma unroll
     for (int p = 0; p < PACKS; ++p) {
