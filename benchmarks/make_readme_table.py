@@ -5,7 +5,8 @@ Usage:
     python benchmarks/make_readme_table.py benchmarks/results/<gpu>-<date>.json [more.json ...] > table.md
 
 Several files (e.g. forward, backward and fused_topk runs made separately) are merged; they must come from
-the same GPU. The tables need the standard library only; --plot imports softmax_ops' plotting helper (and so
+the same GPU. A later file's row for the same case and implementation replaces an earlier one: list a re-run of
+some cases (e.g. of a run's sporadic outliers) after the run, and say so where the tables are quoted. The tables need the standard library only; --plot imports softmax_ops' plotting helper (and so
 builds or loads the extension, as any import of softmax_ops does).
 """
 
@@ -58,7 +59,8 @@ def _sorted_dtypes(dtypes: Iterable[str]) -> list[str]:
 
 
 def cases(rows: list[dict]) -> dict[tuple, dict[str, dict]]:
-    """Rows grouped by case: (op, dtype, shape, k) -> {impl: row}, keeping only timed rows."""
+    """Rows grouped by case: (op, dtype, shape, k) -> {impl: row}, keeping only timed rows (a later row of the
+    same case and impl replaces an earlier one)."""
     grouped: dict[tuple, dict[str, dict]] = {}
     for row in rows:
         if row.get("ms"):
