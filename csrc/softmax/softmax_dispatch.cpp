@@ -435,12 +435,10 @@ class Chooser {
     // 4095 46.8 / 47.5 -> 40.6 / 40.5, -14 / -6% (bf16 / fp32), 2048 x 8191 -17 / -18 / -1%, 2048 x 2049 -8 / -12 /
     // -13%, log_softmax_backward alike (*session19-c8-compare*). At 4 CTAs per SM (32 registers) the 16-bit
     // backward spilled and ran 13-49% slower (call 5).
+    // Shorter ones, of warp lengths in packs: the warp kernel, peeled (peeled_warp_rows).
     if (peelable(request_)) {
       Chooser peeled(request_, props_, RowView::kPeeled);
       if (auto lean = peeled.lean_rows()) return *lean;
-    }
-    if (peelable(request_)) {
-      Chooser peeled(request_, props_, RowView::kPeeled);
       if (auto warp = peeled.peeled_warp_rows()) return *warp;
     }
     const int64_t warp_max_bytes = warp_max_row_bytes();
@@ -470,12 +468,13 @@ class Chooser {
   // element per lane), except few 16-bit forward rows that whole packs would spread over a CTA
   // (spread_small_rows). Before it such rows of at most 32 x 8 elements ran as single elements in the warp
   // kernel, longer ones as peeled one-warp CTAs of 8 packs per thread (8192 x 1023 fp16 0.72 of copy, 10-20%
-  // behind torch.compile; session 19). H100, session 20 call 5 (*session20-c5-compare-peeled-warp*, us, fp16 /
-  // bf16 / fp32, before -> peeled warp): softmax 8192 x 1023 22.6 / 25.1 / 29.2 -> 17.7 / 17.9 / 28.4, 16384 x
-  // 513 -48 / -50 / -4%, 32768 x 777 -40 / -34 / -2%, 65536 x 100 -27 / -30 / +0.5%, 1000 x 1001 -15 / -8 / -9%,
-  // 37 x 1023 -28 / -27 / -7%; log_softmax alike; softmax_backward (16-bit: float32 rows of 513-1023 keep the
-  // block kernel, beyond the backward's 2 KB warp rows) 8192 x 1023 -7 / -10%, 65536 x 100 -18 / -21%; the
-  // few-microsecond 133 x 1001 and 1000 x 1001 backward +2..+5%, 133 x 1001 bf16 log_softmax +7% (6.0 -> 6.5).
+  // behind torch.compile; session 19). H100, session 20 calls 5 and 6 (three interleaved rounds,
+  // *session20-c{5,6}-compare-peeled-warp*, us, fp16 / bf16 / fp32, before -> peeled warp, rounds 2-3): softmax
+  // 8192 x 1023 23.1 / 25.5 / 30.2 -> 17.3 / 17.4 / 28.1, 16384 x 513 -47 / -48 / -8%, 32768 x 777 -40 / -35 / -3%,
+  // 65536 x 100 -31 / -30 / -2%, 1000 x 1001 -20 / -20 / -5%, 37 x 1023 -34 / -20 / -14%; log_softmax alike;
+  // softmax_backward (16-bit: float32 rows of 513-1023 keep the block kernel, beyond the backward's 2 KB warp
+  // rows) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond cases that did not separate: 300 x 2047
+  // bf16 softmax +9% (8.1 -> 8.9; fp16 -2%), 133 x 1001 between -10% and +7% from round to round.
   std::optional<SoftmaxChoice> peeled_warp_rows() {
     if (!warp_fits() || p_.n * g_.in_bytes > warp_max_row_bytes()) return std::nullopt;
     const bool spread = g_.in_bytes == 2 && !p_.backward && g_.n_packs > 4 * 32 &&

@@ -85,7 +85,6 @@ constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel), one per lane:
 // the plan gives a row at least 2 (VEC - 1) lanes (warp_peel_min_lanes). The edge element is folded into the
 // lane's partial and its result written singly.
-
 template <typename Op, int VEC, int PACKS, bool kPeel = false>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
   using In = typename Op::In;

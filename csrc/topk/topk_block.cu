@@ -15,7 +15,8 @@ namespace {
 // The edges of row `row` of a peeled launch (plan.peel, with vector loads over each row's body).
 template <typename TIn>
 __device__ __forceinline__ RowEdges<detail::kVec16<TIn>> peeled_row_edges(const TIn* x, int64_t row, int64_t n) {
-  return row_edges_at<detail::kVec16<TIn>>(static_cast<int64_t>(reinterpret_cast<uintptr_t>(x) / sizeof(TIn)) + row * n, n);
+  const int64_t start = static_cast<int64_t>(reinterpret_cast<uintptr_t>(x) / sizeof(TIn)) + row * n;
+  return row_edges_at<detail::kVec16<TIn>>(start, n);
 }
 
 // kPeel (with kVectorLoads): each row's body in vector tiles, its edges one per thread (topk_chunk.cuh).
@@ -212,7 +213,7 @@ cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, 
     using TIn = typename decltype(in_tag)::type;
     using TOut = typename decltype(out_tag)::type;
     constexpr bool kVectorLoads = decltype(vector_loads)::value;
-    // Peeled instances for the types the plan peels (peel_plan_allowed): float64 is not a speed target.
+    // Peeled instances for the types the dispatcher peels (peel_min_n_for): float64 is not a speed target.
     if constexpr (!kVectorLoads && !std::is_same_v<TIn, double>) {
       if (plan.peel) return launch_block_kernels<TIn, TOut, true, true>(problem, plan, ptrs, stream);
     }
