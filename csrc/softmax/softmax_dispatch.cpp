@@ -8,7 +8,6 @@
 #include <map>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
 #include <tuple>
 
 namespace softmax_ops {
@@ -441,12 +440,9 @@ class Chooser {
       if (auto lean = peeled.lean_rows()) return *lean;
       if (auto warp = peeled.peeled_warp_rows()) return *warp;
     }
-    const int64_t warp_max_bytes = warp_max_row_bytes();
-    if (warp_fits() && p_.n * g_.in_bytes <= warp_max_bytes) {
+    if (auto warp = warp_rows()) {
       if (auto spread = spread_small_rows()) return *spread;
-      return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
-                                           kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
-                                           "row in registers, no block barrier");
+      return *warp;
     }
     const bool few_rows = static_cast<double>(g_.rows) < Heuristics::kFewRowsPerSm * props_.sm_count;
     if (few_rows) {
@@ -476,12 +472,16 @@ class Chooser {
   // rows) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond cases that did not separate: 300 x 2047
   // bf16 softmax +9% (8.1 -> 8.9; fp16 -2%), 133 x 1001 between -10% and +7% from round to round.
   std::optional<SoftmaxChoice> peeled_warp_rows() {
-    if (!warp_fits() || p_.n * g_.in_bytes > warp_max_row_bytes()) return std::nullopt;
-    const bool spread = g_.in_bytes == 2 && !p_.backward && g_.n_packs > 4 * 32 &&
-                        g_.rows <= Heuristics::kSmallRowsPerSm * props_.sm_count;
-    if (spread) return std::nullopt;
+    if (few_small_rows_to_spread()) return std::nullopt;
+    return warp_rows();
+  }
+
+  // The warp kernel, for rows it holds within warp_max_row_bytes.
+  std::optional<SoftmaxChoice> warp_rows() {
+    const int64_t warp_max_bytes = warp_max_row_bytes();
+    if (!warp_fits() || p_.n * g_.in_bytes > warp_max_bytes) return std::nullopt;
     return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
-                                         kib(warp_max_row_bytes()) + "): one warp or sub-warp per row, " +
+                                         kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
                                          "row in registers, no block barrier");
   }
 
@@ -682,14 +682,19 @@ class Chooser {
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
   }
 
+  // The rows spread_small_rows is for: few 16-bit forward rows of more than 4 packs per lane of a warp.
+  bool few_small_rows_to_spread() const {
+    return !p_.backward && g_.in_bytes == 2 && g_.rows <= Heuristics::kSmallRowsPerSm * props_.sm_count &&
+           g_.n_packs > 4 * 32;
+  }
+
   // Few 16-bit warp-sized rows that would need 8 packs per lane (a few warps per SM): nothing hides a lane's
   // chain of 8 packs, so a CTA per row spreads the row over up to kSmallRowSpreadThreads threads, one pack
   // each. H200, 2026-11-22, softmax xCopy warp -> spread: 37 x 2048 fp16 0.69 -> 0.87, bf16 0.67 -> 0.78;
   // 128 x 2048 fp16 0.78 -> 0.89, bf16 0.77 -> 0.90. With 4 packs per lane or fp32 rows the warp kernel
   // was as fast or faster (128 x 1024 fp16 0.85 vs 0.77, 264 x 512 fp16 0.96 vs 0.81, fp32 0.91 vs 0.83).
   std::optional<SoftmaxChoice> spread_small_rows() {
-    if (g_.vec == 1 || g_.peel || p_.backward || g_.in_bytes != 2) return std::nullopt;
-    if (g_.rows > Heuristics::kSmallRowsPerSm * props_.sm_count || g_.n_packs <= 4 * 32) return std::nullopt;
+    if (g_.vec == 1 || g_.peel || !few_small_rows_to_spread()) return std::nullopt;
     const auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_),
                                    Heuristics::kSmallRowSpreadThreads);
     if (!shape || shape->smem_packs != 0) return std::nullopt;
@@ -961,8 +966,6 @@ std::vector<std::string> softmax_kernel_names() {
   return std::vector<std::string>(std::begin(kKernelNames), std::end(kKernelNames));
 }
 
-constexpr const char* kPeeledText = "rows peeled (aligned body in packs, edge elements singly)";
-
 // Text is built with std::string and std::to_string, not iostreams: on the GPU machine (torch 2.11, GCC 13)
 // a std::ostringstream << integer inside the extension crashed (reported to the lead).
 std::string describe_plan(const SoftmaxPlan& plan) {
@@ -972,7 +975,6 @@ std::string describe_plan(const SoftmaxPlan& plan) {
   switch (plan.kernel) {
     case SoftmaxKernel::kWarp:
       s += ", " + to_string(plan.lanes_per_row) + " lane(s) per row, " + to_string(plan.reg_packs) + " pack(s) per lane";
-      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:
@@ -986,20 +988,18 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       if (plan.lean) {
         s += ", lean instance (a CTA per row, <= " + std::to_string(lean_max_registers(plan.reg_packs)) + " registers)";
       }
-      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kSplitRow:
       s += ", " + to_string(plan.chunks) + " CTAs per row (its blocks of " + to_string(plan.threads) +
            " packs round robin), 2 launches, " + kib(static_cast<int64_t>(plan.workspace_bytes)) + " workspace";
-      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
     case SoftmaxKernel::kStrided:
       s += " (" + to_string(plan.block_x) + " across inner x " + to_string(plan.threads / plan.block_x) + " along n)";
       break;
     case SoftmaxKernel::kTwoPass:
-      if (plan.peel) s += ", " + std::string(kPeeledText);
       break;
   }
+  if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
   return s;
 }
 

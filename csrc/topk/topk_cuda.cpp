@@ -54,8 +54,7 @@ bool rows_are_vector_aligned(const void* ptr, int64_t n, DType dtype) {
 // elements singly (topk_chunk.cuh), where the plan peels rows of this length (TopkPlan::peel_min_n, from the
 // dispatcher) and the data is element-aligned.
 bool plan_peels_rows(const TopkPlan& plan, const void* ptr, int64_t n, DType dtype) {
-  return plan.peel_min_n > 0 && n >= plan.peel_min_n && !plan.vector_loads &&
-         reinterpret_cast<uintptr_t>(ptr) % dtype_bytes(dtype) == 0;
+  return plan_peels_length(plan, n) && !plan.vector_loads && reinterpret_cast<uintptr_t>(ptr) % dtype_bytes(dtype) == 0;
 }
 
 void check_row_length(int64_t n, const char* op) {

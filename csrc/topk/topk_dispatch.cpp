@@ -332,7 +332,7 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
   // aligned exactly when they are whole vectors.
   const bool block_family = plan.kernel == TopkKernel::kBlock || plan.kernel == TopkKernel::kSplitRow;
   const bool whole_vectors = (n * dtype_bytes(in)) % 16 == 0;
-  const bool peel = block_family && !whole_vectors && plan.peel_min_n > 0 && n >= plan.peel_min_n;
+  const bool peel = !whole_vectors && plan_peels_length(plan, n);
   out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
     case TopkKernel::kRows:

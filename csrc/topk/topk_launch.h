@@ -203,6 +203,9 @@ struct TopkPlan {
   size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };
 
+// Whether `plan` reads rows of n elements peeled where they are not vector_loads (TopkPlan::peel_min_n).
+inline bool plan_peels_length(const TopkPlan& plan, int64_t n) { return plan.peel_min_n > 0 && n >= plan.peel_min_n; }
+
 struct TopkPointers {
   const void* x = nullptr;
   void* values = nullptr;
