@@ -253,6 +253,30 @@ def test_peeled_rows_edges_hold_the_top_values(kernel, dtype):
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", PEEL_DTYPES)
+@pytest.mark.parametrize("kernel", ["block", "split_row"])
+def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
+    """Ascending rows (every tile floods the candidate buffer, so it is compacted after the first tiles) whose
+    largest value sits in the last column and again in a body column of a later tile: the body's (lower index)
+    must win. With the tail's values in the buffer from the start, a compaction's threshold could be the tail's
+    value, and the filter then rejected the later body value that ties it (it ranks above)."""
+    v = vec_elems(dtype)
+    n = 12 * 4096 + 2 * v + 1
+    ramp = torch.linspace(-4.0, 4.0, n, dtype=torch.float64)
+    x = ramp.repeat(2 * v + 1, 1)
+    body_column = 5 * 4096 + 3
+    x[:, -1] = x[:, body_column] = 8.0
+    x = x.to(dtype).cuda()
+    with softmax_ops.force_kernel("topk", kernel):
+        for layout in (x, misaligned(x)):
+            for k in (1, 3):
+                values, indices = softmax_ops.fused_topk(layout, k)
+                assert bool((indices[:, 0] == body_column).all()), indices[:, :2]
+                assert bool((indices[:, 1] == n - 1).all()) or k == 1, indices[:, :2]
+        check_topk(x, 3, -1, renormalize=False)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", PEEL_DTYPES)
 def test_automatic_plans_on_vocabulary_rows_that_peel(dtype):
     """The dispatcher's own plans (block for many rows, split_row for few) on GPT-2's 50257 and a 151935-word
     vocabulary, whose rows peel."""

@@ -22,8 +22,8 @@
 // compares 32-bit words: see kPairs.
 // Peeled rows (plan.peel; rows not a whole number of 16-byte vectors, or starting off one): the body of each
 // row (RowEdges, device_utils.cuh) is read in vector tiles like an aligned row, and its < 2 V edge values, one
-// per thread of the CTA that holds the row's first chunk, enter that CTA's buffer and (max, sum) before the
-// first tile (EdgeValue, run<true>).
+// per thread of the CTA that holds the row's first chunk, enter that CTA's (max, sum) before the first tile and
+// its buffer in index order: the head's before the first tile, the tail's after the last (EdgeValue, run<true>).
 // Also here: the block-family CTA's static scratch, and the per-row ticket and (max, sum) merge of the kernels
 // that split a row over several CTAs.
 #pragma once
@@ -51,12 +51,13 @@ __device__ __forceinline__ C filter_bound(typename OrderKey<C>::Key tau_key) {
   return tau_key > OrderKey<C>::of(inf) ? inf : quiet_nan<C>();
 }
 
-// One edge value of a peeled row, held by thread `e` of the CTA that holds the row's edges (edge_value).
+// One edge value of a peeled row, held by one thread of the CTA that holds the row's edges (edge_value).
 template <typename C>
 struct EdgeValue {
   C value;
   uint32_t column;
   int count = 0;  // the row's edge values in this CTA (the same in every thread; 0: it holds none)
+  int head = 0;   // ... of which the first `head` (threads 0 .. head - 1) precede the body, the rest follow it
 };
 
 // Thread threadIdx.x's edge value of the row starting at `row` (edge number threadIdx.x: the head's first,
@@ -66,6 +67,7 @@ __device__ __forceinline__ EdgeValue<compute_t<TIn>> edge_value(const TIn* row, 
                                                                 bool holds_edges) {
   EdgeValue<compute_t<TIn>> e;
   e.count = holds_edges ? edges.count() : 0;
+  e.head = holds_edges ? edges.head : 0;
   const int t = static_cast<int>(threadIdx.x);
   if (t < e.count) {
     e.column = static_cast<uint32_t>(edges.column(t));
@@ -370,9 +372,12 @@ struct ChunkTopk {
   // and *kth is left alone.
   // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
-  // kEdges (peeled rows): `edge` (edge_value) joins this thread's (max, sum) and, unfiltered, the buffer at slot
-  // threadIdx.x before the first tile: the buffer only has to hold a superset of the k best, and every floor
-  // below is reached by k distinct values of the row either way (a thread's maximum is one of its values).
+  // kEdges (peeled rows): `edge` (edge_value) joins this thread's (max, sum) before the first tile, and the
+  // buffer unfiltered (it only has to hold a superset of the k best; every floor below is reached by k distinct
+  // values of the row either way, a thread's maximum being one of its values) in index order: a head value before
+  // the first tile, a tail value after the last. The filter rejects a later value with the threshold's own key
+  // because the threshold came earlier in the row: a tail value in the buffer from the start broke that (a body
+  // value tied with a tail threshold ranks above it). The loop keeps V - 1 slots free for the tail.
   //
   // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
   // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
@@ -398,18 +403,21 @@ struct ChunkTopk {
     if constexpr (kEdges) {
       // After the first tile's loads are issued: in front of them, waiting for the edge's load cost a second
       // DRAM latency per CTA (H100, session 20 call 1: 4096 x 4095 k32 fp32 +10%, one tile per row).
-      // At most 2 (V - 1) <= 14 values, unfiltered: within the room the overflow invariant below keeps for k +
-      // slack. The first tile's barrier (first_tile_bound) publishes them and the count before any append.
-      // Through the first tile's filter instead (one more take-mask bit), the tile loop's extra work cost more
-      // than the candidates it saved: 1024 x 50257 k50 fp16 60.2 us against 58.7 (session 20 calls 2, 3).
-      if (static_cast<int>(threadIdx.x) < edge.count) {
+      // The head's < V values, unfiltered: within the room the overflow invariant below keeps for k + slack. The
+      // first tile's barrier (first_tile_bound) publishes them and the count before any append. Through the
+      // first tile's filter instead (one more take-mask bit), the tile loop's extra work cost more than the
+      // candidates it saved: 1024 x 50257 k50 fp16 60.2 us against 58.7 (session 20 calls 2, 3).
+      const int t = static_cast<int>(threadIdx.x);
+      if (t < edge.count) {
         const C one[1] = {edge.value};
         fold_stats(stats, one);
-        buf[threadIdx.x] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
+        if (t < edge.head) buf[t] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
       }
-      if (threadIdx.x == 0) s.count = edge.count;
-      fill_bound = edge.count;
+      if (t == 0) s.count = edge.head;
+      fill_bound = edge.head;
     }
+    // The buffer's room for the tile loop: V - 1 slots stay free for a peeled row's tail (after the loop).
+    const int loop_cap = kEdges ? cap - (V - 1) : cap;
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
     for (int t0 = lo;; t0 += kTileElems) {
       const int valid = min(hi - t0, kTileElems);
@@ -441,9 +449,9 @@ struct ChunkTopk {
                                                 [&](int b) { return raw_candidate(cur, b, t0); });
       if (!more) break;  // the final selection below reads the exact count
       fill_bound += kPerThread * __syncthreads_count(appended > 0);
-      if (fill_bound > cap - kTileElems) {
+      if (fill_bound > loop_cap - kTileElems) {
         const int count = s.count;
-        if (count > cap - kTileElems) {
+        if (count > loop_cap - kTileElems) {
           const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
           fill_bound = block_compact<Ops>(buf, count, threshold, s);
           bound = filter_bound<C>(Ops::key(threshold));
@@ -456,6 +464,16 @@ struct ChunkTopk {
     }
     __syncthreads();
     int count = s.count;
+    if constexpr (kEdges) {
+      // The tail's values behind every body value, in the slots the loop left free.
+      const int t = static_cast<int>(threadIdx.x);
+      if (t >= edge.head && t < edge.count) {
+        buf[count + t - edge.head] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
+      }
+      count += edge.count - edge.head;
+      __syncthreads();  // the tail is visible to the selection below, and every thread has read s.count
+      if (t == 0) s.count = count;  // callers that append again (split_row's merge) start behind the tail
+    }
     // The final floor from the threads' maxima over the whole range (maxima_floor_bound: >= k distinct values
     // reach it) drops most candidates the earlier, looser floors let in: on 50000-column rows with k = 50 ~400
     // candidates become ~100 (a numpy model of this loop), so the block kernel sorts them outright instead of
