@@ -255,24 +255,23 @@ def test_peeled_rows_edges_hold_the_top_values(kernel, dtype):
 @pytest.mark.parametrize("dtype", PEEL_DTYPES)
 @pytest.mark.parametrize("kernel", ["block", "split_row"])
 def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
-    """Ascending rows (every tile floods the candidate buffer, so it is compacted after the first tiles) whose
-    largest value sits in the last column and again in a body column of a later tile: the body's (lower index)
-    must win. With the tail's values in the buffer from the start, a compaction's threshold could be the tail's
-    value, and the filter then rejected the later body value that ties it (it ranks above)."""
+    """A tail value that is the k-th best when the buffer is compacted, tied by a later body value (lower index,
+    so it ranks above): the body's must win. Rows of ones (the first tile floods the buffer, which is compacted
+    before the second) with two 9s in front and an 8 in the second tile and in the last column (the tail): with
+    k = 3 a compaction that already held the tail took 8 as its threshold, and the filter then rejected the body's
+    8 as ranking below it. The tie sits in the CTA that holds the edges (split_row's first 8192-element chunk)."""
     v = vec_elems(dtype)
-    n = 12 * 4096 + 2 * v + 1
-    ramp = torch.linspace(-4.0, 4.0, n, dtype=torch.float64)
-    x = ramp.repeat(2 * v + 1, 1)
-    body_column = 5 * 4096 + 3
-    x[:, -1] = x[:, body_column] = 8.0
+    n = 12 * 4096 + 2 * v + 1  # rows in every phase of the 16-byte vector: every head and tail length
+    tie_column = 4096 + 100  # in the body's second tile whatever the head's length
+    x = torch.ones(2 * v + 1, n, dtype=torch.float64)
+    x[:, 10] = x[:, 11] = 9.0
+    x[:, tie_column] = x[:, -1] = 8.0
     x = x.to(dtype).cuda()
     with softmax_ops.force_kernel("topk", kernel):
         for layout in (x, misaligned(x)):
-            for k in (1, 3):
-                values, indices = softmax_ops.fused_topk(layout, k)
-                assert bool((indices[:, 0] == body_column).all()), indices[:, :2]
-                assert bool((indices[:, 1] == n - 1).all()) or k == 1, indices[:, :2]
-        check_topk(x, 3, -1, renormalize=False)
+            _, indices = check_topk(layout, 3, -1, renormalize=False)
+            assert indices.cpu().tolist() == [[10, 11, tie_column]] * x.shape[0]
+            check_topk(layout, 4, -1, renormalize=True)
 
 
 @requires_cuda

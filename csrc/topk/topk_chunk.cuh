@@ -377,7 +377,7 @@ struct ChunkTopk {
   // values of the row either way, a thread's maximum being one of its values) in index order: a head value before
   // the first tile, a tail value after the last. The filter rejects a later value with the threshold's own key
   // because the threshold came earlier in the row: a tail value in the buffer from the start broke that (a body
-  // value tied with a tail threshold ranks above it). The loop keeps V - 1 slots free for the tail.
+  // value tied with a tail threshold ranks above it). Until then the tail waits in the buffer's last V - 1 slots.
   //
   // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
   // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
@@ -407,16 +407,20 @@ struct ChunkTopk {
       // first tile's barrier (first_tile_bound) publishes them and the count before any append. Through the
       // first tile's filter instead (one more take-mask bit), the tile loop's extra work cost more than the
       // candidates it saved: 1024 x 50257 k50 fp16 60.2 us against 58.7 (session 20 calls 2, 3).
+      // The tail's values wait in the buffer's last V - 1 slots, which the tile loop leaves alone (loop_cap):
+      // kept in registers through the loop instead, they cost the fp32 split_row instance 12 more bytes of
+      // spills and 2-3% (H100, session 21 call 1).
       const int t = static_cast<int>(threadIdx.x);
       if (t < edge.count) {
         const C one[1] = {edge.value};
         fold_stats(stats, one);
-        if (t < edge.head) buf[t] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
+        const int slot = t < edge.head ? t : cap - (V - 1) + (t - edge.head);
+        buf[slot] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
       }
       if (t == 0) s.count = edge.head;
       fill_bound = edge.head;
     }
-    // The buffer's room for the tile loop: V - 1 slots stay free for a peeled row's tail (after the loop).
+    // The buffer's room for the tile loop: a peeled row's tail holds the last V - 1 slots until after the loop.
     const int loop_cap = kEdges ? cap - (V - 1) : cap;
     // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
     for (int t0 = lo;; t0 += kTileElems) {
@@ -462,17 +466,20 @@ struct ChunkTopk {
         }
       }
     }
+    Cand tail_value;
+    const int tail = kEdges ? edge.count - edge.head : 0;
+    if constexpr (kEdges) {
+      if (static_cast<int>(threadIdx.x) < tail) tail_value = buf[loop_cap + threadIdx.x];
+    }
     __syncthreads();
     int count = s.count;
     if constexpr (kEdges) {
-      // The tail's values behind every body value, in the slots the loop left free.
-      const int t = static_cast<int>(threadIdx.x);
-      if (t >= edge.head && t < edge.count) {
-        buf[count + t - edge.head] = Ops::make(OrderKey<C>::of(edge.value), edge.column);
-      }
-      count += edge.count - edge.head;
+      // The tail's values behind every body value (moved down: the two ranges may overlap, hence the read above
+      // the barrier).
+      if (static_cast<int>(threadIdx.x) < tail) buf[count + threadIdx.x] = tail_value;
+      count += tail;
       __syncthreads();  // the tail is visible to the selection below, and every thread has read s.count
-      if (t == 0) s.count = count;  // callers that append again (split_row's merge) start behind the tail
+      if (threadIdx.x == 0) s.count = count;  // callers that append again (split_row's merge) start behind it
     }
     // The final floor from the threads' maxima over the whole range (maxima_floor_bound: >= k distinct values
     // reach it) drops most candidates the earlier, looser floors let in: on 50000-column rows with k = 50 ~400
