@@ -458,6 +458,24 @@ def peeled_sizes(dtype: torch.dtype) -> list[int]:
     return sorted(n for n in sizes if n >= 1 and n % v != 0)
 
 
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_peeled_warp_rows_at_every_count_of_rows(dtype, op):
+    """The peeled warp kernel gives a row as many lanes as the launch's rows have edge elements at most
+    (max_row_edges), which depends on how many rows there are (the first row starts at phase 0, row r at r n):
+    1 .. 2 v + 1 rows of lengths whose edges number 2 .. 2 (v - 1), forward and backward."""
+    v = vec16(dtype)
+    for n in sorted({4 * v + v // 2, 12 * v + 2, 12 * v + v - 2, 12 * v + v - 1, 12 * v + 5}):
+        if n % v == 0:
+            continue
+        for rows in range(1, 2 * v + 2):
+            x = make_input((rows, n), dtype, seed=rows * 1000 + n)
+            with softmax_ops.force_kernel(FORWARD_FAMILY, "warp"):
+                check_forward(op, x, -1, None)
+            with softmax_ops.force_kernel(BACKWARD_FAMILY, "warp"):
+                check_backward(op, x, -1, None)
+
+
 def assert_peeled(shape, dtype, op):
     text = softmax_ops.explain(shape, dtype, op=op)
     assert "rows peeled" in text and f"{vec16(dtype)} element(s) per access" in text, text

@@ -291,6 +291,26 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
     assert f"{16 // torch.empty((), dtype=dtype).element_size()} element(s) per access" in line, line
 
 
+@pytest.mark.parametrize("shape,dtype,edges,lanes", [
+    ((65536, 100), torch.float16, 4, 4),    # rows start at phases 0 and 4: a tail or a head of 4
+    ((65536, 60), torch.bfloat16, 4, 4),    # 60 experts (Qwen1.5-MoE's router)
+    ((65536, 102), torch.float16, 6, 8),    # phases 0, 2, 4, 6: always 6 edges
+    ((65536, 127), torch.float16, 7, 8),    # every phase, but head + tail is 7 at each
+    ((65536, 101), torch.float16, 13, 16),  # every phase: up to 13 (head 6 + tail 7)
+    ((2, 101), torch.float16, 5, 8),        # rows at phases 0 and 5 only
+    ((65536, 30), torch.float32, 2, 2),
+    ((65536, 99), torch.float32, 3, 8),     # 3 edges, but 24 packs want 8 lanes of 4 packs anyway
+])
+def test_peeled_warp_rows_get_a_lane_per_edge_element(shape, dtype, edges, lanes):
+    """The peeled warp kernel holds one edge element per lane, so a row needs as many lanes as any row of the
+    launch has edge elements (softmax_launch.h: max_row_edges), not 2 (vec - 1) always: 16 lanes of one pack
+    each ran 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4 (H100, session 21 call 3)."""
+    text = softmax_ops.explain(shape, dtype)
+    line = next(line for line in text.splitlines() if line.strip().startswith("kernel "))
+    assert "kernel warp:" in line and "rows peeled" in line and f"{lanes} lane(s) per row" in line, line
+    assert f"the up to {edges} elements around it singly" in text, text
+
+
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
     ((3, 100003), torch.float16, "softmax", "grid_onepass"),     # few rows: latency-bound, measured as is
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),

@@ -66,8 +66,21 @@ struct SoftmaxPlan {
 constexpr int kMaxClusterCtas = 16;            // cluster_onepass: CTAs per row (16: the non-portable opt-in)
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
-// Peeled warp kernel: lanes per row at least, so that each lane holds at most one of the < 2 VEC edge elements.
-constexpr int warp_peel_min_lanes(int vec) { return vec <= 2 ? 2 : (vec <= 4 ? 8 : 16); }
+// Peeled rows: the most edge elements (head + tail: RowEdges, device_utils.cuh) that any of `rows` rows of n
+// elements has, the first starting at element phase `phase` (its address / element size, modulo vec) and each
+// row right after the one before. Row r starts at phase + r n (mod vec), so the first vec rows show every phase
+// there is: 4 for 16-bit rows of 100 or 60 (phases 0 and 4: a head or a tail of 4), up to 2 (vec - 1) when n is
+// odd. The peeled warp kernel gives a row at least that many lanes (one edge element per lane).
+inline int max_row_edges(int64_t phase, int64_t n, int64_t rows, int vec) {
+  int most = 0;
+  for (int64_t r = 0; r < rows && r < vec; ++r) {
+    const int64_t start = (phase + r * (n % vec)) % vec;
+    const int64_t head = (vec - start) % vec < n ? (vec - start) % vec : n;
+    const int edges = static_cast<int>(head + (n - head) % vec);
+    most = edges > most ? edges : most;
+  }
+  return most;
+}
 constexpr int kBlockKernelMaxThreads = 1024;  // block/cluster kernel: <= 64 registers per thread
 // The block kernel's lean instance (kLean): CTAs of up to 512 threads, 4 per SM, <= 32 registers per thread.
 constexpr int kLeanCtaThreads = 512;

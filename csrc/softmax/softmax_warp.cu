@@ -17,10 +17,12 @@ cudaError_t launch_softmax_warp(const SoftmaxProblem& problem, const SoftmaxPlan
       return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto packs) -> cudaError_t {
         constexpr int kPacks = std::decay_t<decltype(packs)>::value;
         // Peeled rows read their body in 16-byte packs, an edge element per lane: single-element instances have
-        // no peeled form, and a row needs warp_peel_min_lanes lanes (never planned otherwise).
+        // no peeled form, and a row needs a lane per edge element (never planned otherwise).
         if (plan.peel) {
           if constexpr (kVec > 1) {
-            if (plan.lanes_per_row < warp_peel_min_lanes(kVec)) return cudaErrorInvalidValue;
+            const int64_t phase = static_cast<int64_t>(reinterpret_cast<uintptr_t>(ptrs.in0) /
+                                                       sizeof(typename Op::In) % kVec);
+            if (plan.lanes_per_row < max_row_edges(phase, problem.n, problem.outer, kVec)) return cudaErrorInvalidValue;
             softmax_warp_kernel<Op, kVec, kPacks, true>
                 <<<static_cast<unsigned>(plan.grid), plan.threads, 0, stream>>>(args, lanes_log2);
             return cudaGetLastError();

@@ -83,8 +83,9 @@ template <typename Op, int VEC, int PACKS>
 constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
 
 // kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel), one per lane:
-// the plan gives a row at least 2 (VEC - 1) lanes (warp_peel_min_lanes). The edge element is folded into the
-// lane's partial and its result written singly.
+// the plan gives a row at least as many lanes as any row of the launch has edge elements (max_row_edges; the
+// launcher refuses a plan with fewer, from the pointer it launches on: a check per row here cost registers,
+// up to 17 more and 40 bytes of spills). The edge element is folded into the lane's partial and written singly.
 template <typename Op, int VEC, int PACKS, bool kPeel = false>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
   using In = typename Op::In;
@@ -101,7 +102,6 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
   // VEC > 1 only when VEC divides n, or peeled: the longest body.
   const int64_t max_packs = args.n / VEC;
   if (max_packs > static_cast<int64_t>(PACKS) * lanes) __trap();  // a dispatcher bug, never a wrong answer
-  if (kPeel && lanes < warp_peel_min_lanes(VEC)) __trap();
 
   for (int64_t first = blockIdx.x * rows_per_block; first < args.rows;
        first += static_cast<int64_t>(gridDim.x) * rows_per_block) {
