@@ -298,13 +298,14 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
     ((65536, 127), torch.float16, 7, 8),    # every phase, but head + tail is 7 at each
     ((65536, 101), torch.float16, 13, 16),  # every phase: up to 13 (head 6 + tail 7)
     ((2, 101), torch.float16, 5, 8),        # rows at phases 0 and 5 only
-    ((65536, 30), torch.float32, 2, 2),
-    ((65536, 99), torch.float32, 3, 8),     # 3 edges, but 24 packs want 8 lanes of 4 packs anyway
+    ((65536, 30), torch.float32, 2, 8),     # float32 keeps 8 lanes: 2 lanes of 4 packs ran 11% slower
+    ((65536, 99), torch.float32, 3, 8),
 ])
 def test_peeled_warp_rows_get_a_lane_per_edge_element(shape, dtype, edges, lanes):
-    """The peeled warp kernel holds one edge element per lane, so a row needs as many lanes as any row of the
-    launch has edge elements (softmax_launch.h: max_row_edges), not 2 (vec - 1) always: 16 lanes of one pack
-    each ran 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4 (H100, session 21 call 3)."""
+    """The peeled warp kernel holds one edge element per lane, so a 16-bit row needs as many lanes as any row of
+    the launch has edge elements (softmax_launch.h: max_row_edges), not 2 (vec - 1) always: 16 lanes of one pack
+    each ran 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4, 4 lanes at 16.0 (H100, session 21
+    calls 3-4). float32 rows keep 8 lanes at least (65536 x 30: 11.1 us at 8 lanes, 12.3 at 2)."""
     text = softmax_ops.explain(shape, dtype)
     line = next(line for line in text.splitlines() if line.strip().startswith("kernel "))
     assert "kernel warp:" in line and "rows peeled" in line and f"{lanes} lane(s) per row" in line, line

@@ -259,11 +259,17 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     plan.lanes_per_row = 32;
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
   }
-  // A peeled row's edge elements, one per lane: as many lanes as a row has edge elements, at most 2 (vec - 1)
-  // (16 lanes at 16 bits) for odd n, but 4 for 16-bit rows of 100 or 60 (max_row_edges). With 16 lanes of one pack
-  // each, 65536 x 100 fp16 softmax took 19.1 us where torch.compile took 16.4 (H100, session 21 call 3).
-  if (g.peel && plan.lanes_per_row < pow2_ceil(g.max_edges)) {
-    plan.lanes_per_row = static_cast<int>(pow2_ceil(g.max_edges));
+  // A peeled row's edge elements, one per lane. 16-bit rows: as many lanes as a row of the launch has edge
+  // elements (max_row_edges: 4 for rows of 60 or 100, 7 for 127, up to 14), where 16 lanes of one pack each ran
+  // 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4 (H100, session 21 call 3). A/B, call 4 (three
+  // interleaved rounds, *session21-c4-compare-peeled-warp-lanes.txt*, us fp16 / bf16, means): softmax 65536 x 60
+  // 19.1 / 19.3 -> 11.5 / 11.9, 65536 x 100 19.2 / 19.8 -> 16.0 / 16.0, 65536 x 30 -38 / -37%, 16384 x 36 -28 /
+  // -32%, 65536 x 127 -8 / -11%, log_softmax -15..-47% on the same shapes, softmax_backward 65536 x 60 -19%, 65536 x
+  // 30 -33%; controls within +-6%. float32 and float64 rows keep 2 (vec - 1) lanes at least (8 and 2): with as few
+  // as their edges need, float32 65536 x 30 ran 11.1 -> 12.3 us (softmax), +9% (log_softmax), +4% (backward).
+  const int64_t peel_lanes = pow2_ceil(g.vec == 8 ? g.max_edges : 2 * (g.vec - 1));
+  if (g.peel && plan.lanes_per_row < peel_lanes) {
+    plan.lanes_per_row = static_cast<int>(peel_lanes);
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
   }
   // Fewer rows than SMs x 4 warps: CTAs of fewer warps, so the rows spread over more SMs. 128 x 1024 (one row
