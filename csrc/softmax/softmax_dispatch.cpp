@@ -38,6 +38,12 @@ struct Heuristics {
   // the run-to-run noise of these small shapes (+-0.1).
   static constexpr int kWarpShortRowPacks = 4;
   static constexpr int kWarpShortRowPacksBackward = 1;
+  // float32 forward rows: 2 packs per lane. H100, session 21 call 6 (two interleaved runs, 4 -> 2 packs, us, means;
+  // *session21-c6-compare-fp32-short-rows-v2.txt*): softmax 65536 x 60 18.8 -> 16.7 (torch.compile 16.2, eager
+  // 17.0 in call 5), 16384 x 64 -6%, 4096 x 60 -4%, 256 x 128 -4%, 65536 x 100 -3%, 65536 x 64 -2%; log_softmax
+  // 65536 x 60 -14%, 16384 x 64 -10%; 16384 x 128 / 160 +2% / -1%, within the noise. One pack per lane lost up
+  // to 25% (log_softmax 65536 x 96).
+  static constexpr int kWarpShortRowPacksFloat = 2;
 
   // block kernel: every thread caches the most register packs it can (max_block_reg_packs), and the CTA
   // has just enough threads for the row; beyond kSharedCtaMaxThreads the rest goes to shared memory. An
@@ -252,7 +258,9 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
     // so a warp holds several rows. One pack per lane (the first version) put only 512 bytes per warp in
     // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
-    const int short_packs = g.streams == 2 ? Heuristics::kWarpShortRowPacksBackward : Heuristics::kWarpShortRowPacks;
+    const int short_packs = g.streams == 2    ? Heuristics::kWarpShortRowPacksBackward
+                            : g.in_bytes == 4 ? Heuristics::kWarpShortRowPacksFloat
+                                              : Heuristics::kWarpShortRowPacks;
     plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
     plan.lanes_per_row = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.reg_packs)));
   } else {
@@ -481,8 +489,8 @@ class Chooser {
   // *session20-c{5,6}-compare-peeled-warp*, us, fp16 / bf16 / fp32, before -> peeled warp, rounds 2-3): softmax
   // 8192 x 1023 23.1 / 25.5 / 30.2 -> 17.3 / 17.4 / 28.1, 16384 x 513 -47 / -48 / -8%, 32768 x 777 -40 / -35 / -3%,
   // 65536 x 100 -31 / -30 / -2%, 1000 x 1001 -20 / -20 / -5%, 37 x 1023 -34 / -20 / -14%; log_softmax alike;
-  // softmax_backward (16-bit: float32 rows of 513-1023 keep the block kernel, beyond the backward's 2 KB warp
-  // rows) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond cases that did not separate: 300 x 2047
+  // softmax_backward (16-bit: float32 rows of 513-1023 kept the block kernel, beyond the backward's 2 KB warp
+  // rows, until session 21: warp_max_row_bytes) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond cases that did not separate: 300 x 2047
   // bf16 softmax +9% (8.1 -> 8.9; fp16 -2%), 133 x 1001 between -10% and +7% from round to round.
   std::optional<SoftmaxChoice> peeled_warp_rows() {
     if (few_small_rows_to_spread()) return std::nullopt;
@@ -844,8 +852,16 @@ class Chooser {
   // more rows the block kernel's 32 threads x 8 packs at 64 registers (32 warps per SM) wins. H200,
   // 2026-11-22: 2048x2048 fp16 warp 0.90 / block 0.81 of copy; 32768x2048 fp16 0.85 / 0.92, bf16 0.70 / 0.94.
   int64_t warp_max_row_bytes() const {
-    if (p_.backward) return Heuristics::kWarpMaxRowBytesBackward;
     const bool one_wave = g_.rows <= Heuristics::kWarpRowsPerSmOneWave * props_.sm_count;
+    if (p_.backward) {
+      // Many float32 rows of 2-4 KB that break packs: the peeled warp kernel, where the peeled block kernel runs
+      // CTAs of 64 threads with 4 packs each. H100, session 21 call 6 (one run, us, the automatic block_onepass ->
+      // forced warp; *session21-c6-fp32-backward-warp-vs-block.txt*): softmax_backward / log_softmax_backward 8192 x
+      // 1023 46.0 / 45.7 -> 41.7 / 42.1 (torch.compile 40.4 in call 5), 16384 x 513 44.7 / 45.8 -> 41.2 / 41.7;
+      // whole packs keep the block kernel (8192 x 1024 40.1 / 39.5 against warp 41.2 / 41.0).
+      if (g_.peel && g_.in_bytes == 4 && !one_wave) return Heuristics::kWarpMaxRowBytes;
+      return Heuristics::kWarpMaxRowBytesBackward;
+    }
     if (g_.in_bytes == 2 && !one_wave) return Heuristics::kWarpMaxRowBytes / 2;
     return Heuristics::kWarpMaxRowBytes;
   }
