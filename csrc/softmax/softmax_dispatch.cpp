@@ -490,8 +490,9 @@ class Chooser {
   // 8192 x 1023 23.1 / 25.5 / 30.2 -> 17.3 / 17.4 / 28.1, 16384 x 513 -47 / -48 / -8%, 32768 x 777 -40 / -35 / -3%,
   // 65536 x 100 -31 / -30 / -2%, 1000 x 1001 -20 / -20 / -5%, 37 x 1023 -34 / -20 / -14%; log_softmax alike;
   // softmax_backward (16-bit: float32 rows of 513-1023 kept the block kernel, beyond the backward's 2 KB warp
-  // rows, until session 21: warp_max_row_bytes) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond cases that did not separate: 300 x 2047
-  // bf16 softmax +9% (8.1 -> 8.9; fp16 -2%), 133 x 1001 between -10% and +7% from round to round.
+  // rows, until session 21: warp_max_row_bytes) 8192 x 1023 -8 / -6%, 65536 x 100 -20 / -19%; few-microsecond
+  // cases that did not separate: 300 x 2047 bf16 softmax +9% (8.1 -> 8.9; fp16 -2%), 133 x 1001 between -10% and
+  // +7% from round to round.
   std::optional<SoftmaxChoice> peeled_warp_rows() {
     if (few_small_rows_to_spread()) return std::nullopt;
     return warp_rows();
