@@ -321,3 +321,44 @@ def test_peeled_warp_rows_get_a_lane_per_edge_element(shape, dtype, edges, lanes
 def test_other_rows_that_break_16_byte_packs_keep_single_elements(shape, dtype, op, kernel):
     line = plan_line(shape, dtype, op)
     assert f"kernel {kernel}:" in line and "1 element(s) per access" in line and "peeled" not in line, line
+
+
+def brute_force_max_edges(n: int, rows: int, vec: int) -> int:
+    """Head + tail of each row (RowEdges) when row r starts at element r n of an aligned buffer, at most."""
+    most = 0
+    for r in range(min(rows, vec)):
+        head = min((vec - r * n % vec) % vec, n)
+        most = max(most, head + (n - head) % vec)
+    return most
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 4096])
+def test_peeled_warp_plans_hold_every_edge_element(dtype, rows):
+    """A peeled warp plan needs a lane per edge element of its rows (else the launcher refuses it): against a
+    brute-force count of every row's head and tail, for every row length up to 300 that breaks packs."""
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    checked = 0
+    for n in range(vec + 1, 300):
+        if n % vec == 0:
+            continue
+        for op in ("softmax", "softmax_backward"):
+            with softmax_ops.force_kernel("softmax" if op == "softmax" else "softmax_backward", "warp"):
+                text = softmax_ops.explain((rows, n), dtype, op=op)
+            if "rows peeled" not in text:
+                continue
+            edges = brute_force_max_edges(n, rows, vec)
+            lanes = int(text.split(" lane(s) per row")[0].rsplit(" ", 1)[1])
+            assert lanes >= edges, (n, rows, text)
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize("shape,dtype", [((4096, 101), torch.float16), ((4096, 100), torch.bfloat16),
+                                         ((3, 127), torch.float16), ((4096, 99), torch.float32)])
+def test_peel_note_counts_the_rows_edge_elements(shape, dtype):
+    """explain's reason for a peeled plan names the most edge elements a row has (brute force above)."""
+    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    text = softmax_ops.explain(shape, dtype)
+    assert "rows peeled" in text, text
+    assert f"the up to {brute_force_max_edges(shape[1], shape[0], vec)} elements around it singly" in text, text
