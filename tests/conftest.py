@@ -23,6 +23,11 @@ _ABS_FLOOR = {
 }
 
 
+def vec16(dtype: torch.dtype) -> int:
+    """Elements per 16-byte vector access (the kernels' packs and vectors)."""
+    return 16 // torch.empty((), dtype=dtype).element_size()
+
+
 # Block kernel limits (csrc/softmax/softmax_launch.h, softmax_dispatch.cpp) the softmax size rules derive from.
 BLOCK_MAX_THREADS = 1024
 SMEM_RESERVE = 2048  # per CTA: static shared memory + the driver's reserve

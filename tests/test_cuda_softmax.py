@@ -20,6 +20,7 @@ from conftest import (
     HOPPER_SMEM_OPTIN,
     assert_within_2x_torch,
     max_block_reg_packs,
+    vec16,
 )
 from conftest import block_capacity_packs as block_capacity_packs_for
 
@@ -67,11 +68,6 @@ GRID_CTA_THREADS = 512  # grid_onepass: CTAs of up to 512 threads, two per SM (s
 def sm_count() -> int:
     """SMs of the current GPU (132 on H100/H200, also assumed without a GPU for collecting parameters)."""
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count if HAS_CUDA else 132
-
-
-def vec16(dtype: torch.dtype) -> int:
-    """Elements per 16-byte vector access."""
-    return 16 // torch.empty((), dtype=dtype).element_size()
 
 
 def smem_optin() -> int:

@@ -11,7 +11,7 @@ import re
 
 import pytest
 import torch
-from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda, topk_reference
+from conftest import FLOAT_DTYPES, assert_within_2x_torch, requires_cuda, topk_reference, vec16
 
 import softmax_ops
 
@@ -185,12 +185,8 @@ def test_forced_kernel_ties_go_to_lower_index(kernel, dtype):
 PEEL_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 
 
-def vec_elems(dtype: torch.dtype) -> int:
-    return 16 // torch.empty((), dtype=dtype).element_size()
-
-
 def peel_lengths(dtype: torch.dtype) -> list[int]:
-    v = vec_elems(dtype)
+    v = vec16(dtype)
     return [2 * v - 2, 2 * v - 1, 2 * v + 1, 4095, 4096 + 2 * v - 1, 2 * 8192 + 2 * (v - 1), 12289, 50257]
 
 
@@ -201,7 +197,7 @@ def test_peeled_rows_forced(kernel, dtype):
     """2 V + 1 contiguous rows of each length (their starts fall at different element phases) and the same rows
     one element off a 16-byte boundary: indices exact, values within twice torch's error, k from 1 to N."""
     for n in peel_lengths(dtype):
-        x = distinct_rows(2 * vec_elems(dtype) + 1, n, dtype, seed=n)
+        x = distinct_rows(2 * vec16(dtype) + 1, n, dtype, seed=n)
         assert (n * x.element_size()) % 16 != 0
         for k in sorted({1, min(50, n), n}):
             if not n_supported(kernel, n, k, dtype):
@@ -232,7 +228,7 @@ def test_peeled_rows_edges_hold_the_top_values(kernel, dtype):
     """The top values and their ties in the edges that peeled rows read singly (edge_heavy_rows), and special
     values there: NaN in the head, NaN and +inf in the tail, -inf filling the edges (indices distinct, in range,
     in the reference order)."""
-    v = vec_elems(dtype)
+    v = vec16(dtype)
     for n in (4096 + 2 * v - 1, 2 * 8192 + 2 * (v - 1), 50257):
         rows = 2 * v + 1
         x = edge_heavy_rows(rows, n, v).to(dtype).cuda()
@@ -260,7 +256,7 @@ def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
     before the second) with two 9s in front and an 8 in the second tile and in the last column (the tail): with
     k = 3 a compaction that already held the tail took 8 as its threshold, and the filter then rejected the body's
     8 as ranking below it. The tie sits in the CTA that holds the edges (split_row's first 8192-element chunk)."""
-    v = vec_elems(dtype)
+    v = vec16(dtype)
     n = 12 * 4096 + 2 * v + 1  # rows in every phase of the 16-byte vector: every head and tail length
     tie_column = 4096 + 100  # in the body's second tile whatever the head's length
     x = torch.ones(2 * v + 1, n, dtype=torch.float64)

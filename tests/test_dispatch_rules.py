@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import block_capacity_packs
+from conftest import block_capacity_packs, vec16
 
 import softmax_ops
 
@@ -201,7 +201,7 @@ def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backwa
     kernel tests in test_cuda_softmax.py exercise). Odd rows (vec 1) are peeled, whole 16-byte packs of
     their body cached, up to the same length as whole rows; one element more and they stream single
     elements (no peeled streaming instance)."""
-    packs_vec = vec if vec > 1 else 16 // torch.empty((), dtype=dtype).element_size()
+    packs_vec = vec if vec > 1 else vec16(dtype)
     last_cached = (SM_COUNT // 3) * block_capacity_packs(dtype, packs_vec, backward) * packs_vec
     op = "softmax_backward" if backward else "softmax"
     with softmax_ops.force_kernel(op, "grid_onepass"):
@@ -290,7 +290,7 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
     session 19): many rows of such lengths read their aligned body in 16-byte packs, the edges singly."""
     line = plan_line(shape, dtype, op)
     assert f"kernel {kernel}:" in line and "rows peeled" in line, line
-    assert f"{16 // torch.empty((), dtype=dtype).element_size()} element(s) per access" in line, line
+    assert f"{vec16(dtype)} element(s) per access" in line, line
 
 
 @pytest.mark.parametrize("shape,dtype,edges,lanes", [
@@ -308,8 +308,8 @@ def test_peeled_warp_rows_get_a_lane_per_edge_element(shape, dtype, edges, lanes
     the launch has edge elements (softmax_launch.h: max_row_edges), not 2 (vec - 1) always: 16 lanes of one pack
     each ran 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4, 4 lanes at 16.0 (H100, session 21
     calls 3-4). float32 rows keep 8 lanes at least (65536 x 30: 11.1 us at 8 lanes, 12.3 at 2)."""
+    line = plan_line(shape, dtype)
     text = softmax_ops.explain(shape, dtype)
-    line = next(line for line in text.splitlines() if line.strip().startswith("kernel "))
     assert "kernel warp:" in line and "rows peeled" in line and f"{lanes} lane(s) per row" in line, line
     assert f"the up to {edges} elements around it singly" in text, text
 
@@ -337,13 +337,13 @@ def brute_force_max_edges(n: int, rows: int, vec: int) -> int:
 def test_peeled_warp_plans_hold_every_edge_element(dtype, rows):
     """A peeled warp plan needs a lane per edge element of its rows (else the launcher refuses it): against a
     brute-force count of every row's head and tail, for every row length up to 300 that breaks packs."""
-    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    vec = vec16(dtype)
     checked = 0
     for n in range(vec + 1, 300):
         if n % vec == 0:
             continue
         for op in ("softmax", "softmax_backward"):
-            with softmax_ops.force_kernel("softmax" if op == "softmax" else "softmax_backward", "warp"):
+            with softmax_ops.force_kernel(op, "warp"):  # the op names its kernel family here
                 text = softmax_ops.explain((rows, n), dtype, op=op)
             if "rows peeled" not in text:
                 continue
@@ -358,7 +358,7 @@ def test_peeled_warp_plans_hold_every_edge_element(dtype, rows):
                                          ((3, 127), torch.float16), ((4096, 99), torch.float32)])
 def test_peel_note_counts_the_rows_edge_elements(shape, dtype):
     """explain's reason for a peeled plan names the most edge elements a row has (brute force above)."""
-    vec = 16 // torch.empty((), dtype=dtype).element_size()
+    vec = vec16(dtype)
     text = softmax_ops.explain(shape, dtype)
     assert "rows peeled" in text, text
     assert f"the up to {brute_force_max_edges(shape[1], shape[0], vec)} elements around it singly" in text, text

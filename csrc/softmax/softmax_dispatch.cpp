@@ -549,7 +549,7 @@ class Chooser {
   // What a peeled plan adds to its reason (choose).
   std::string peel_note() const {
     const int vec = 16 / g_.in_bytes;
-    const int edges = max_row_edges(kPeeledFirstPhase, p_.n, p_.rows(), vec);
+    const int edges = geometry_of(request_, RowView::kPeeled).max_edges;
     return "; the row (" + std::to_string(p_.n) + " columns) breaks " + std::to_string(vec) + "-element packs: each " +
            "row's aligned body in packs, the up to " + std::to_string(edges) + " elements around it singly";
   }
