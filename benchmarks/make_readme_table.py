@@ -128,12 +128,18 @@ def _fmt_speedup(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
+def _rounds_text(header: dict) -> str:
+    rounds = header.get("rounds", 1)
+    return f"; each implementation timed in {rounds} rounds, in turns, the fastest shown" if rounds > 1 else ""
+
+
 def render(header: dict, rows: list[dict]) -> str:
     """The whole markdown section: provenance line, summary table, one detail table per op."""
     grouped = cases(rows)
     text = [
         (f"Measured on **{header.get('gpu', 'unknown GPU')}** with torch {header.get('torch', '?')}"
-        f" on {header.get('date', '?')} (`python -m softmax_ops bench`; timer: {header.get('timer', '?')})."),
+        f" on {header.get('date', '?')} (`python -m softmax_ops bench`; timer: {header.get('timer', '?')}"
+        f"{_rounds_text(header)})."),
         ("xCopy = time of `y.copy_(x)` on the same bytes / our time (backward: a copy of 1.5x the bytes); "
         "xSum = time of `x.sum(-1)` on the same logits / our time (fused_topk). 1.00 = as fast as the copy."),
         "",

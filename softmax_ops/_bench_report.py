@@ -6,7 +6,7 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from softmax_ops._bench_cases import TOPK_OP, Case
 
@@ -17,6 +17,8 @@ XCOPY_GEOMEAN_BAR = 0.95
 XSUM_BAR = 0.95
 XSUM_MIN_BYTES = 16 * 1024 * 1024
 ROUTER_TOKENS = 16384
+# A case's rounds are flagged when one took this many times another (run-to-run noise stays within ~1.2x).
+ROUND_SPREAD_FLAG = 1.5
 
 
 @dataclass
@@ -34,12 +36,17 @@ class Row:
     kernel: str | None
     k: int = 0
     note: str | None = None
+    ms_rounds: list[float] | None = None  # every round's time; ``ms`` is the smallest
 
     def to_json(self) -> dict:
         data = asdict(self)
         ratio, name = data.pop("ratio"), data.pop("ratio_name")
         data[name] = _round(ratio, 4)
         data["ms"], data["gbps"] = _round(self.ms, 6), _round(self.gbps, 3)
+        if self.ms_rounds is None:
+            data.pop("ms_rounds")
+        else:
+            data["ms_rounds"] = [_round(ms, 6) for ms in self.ms_rounds]
         if self.op != TOPK_OP:
             data.pop("k")
         if self.note is None:
@@ -60,6 +67,12 @@ class CaseResult:
     times: dict[str, float]  # impl -> ms
     kernel: str | None
     notes: dict[str, str]  # impl -> why it was not timed (failed check, unavailable, error)
+    round_times: dict[str, list[float]] = field(default_factory=dict)  # impl -> each round's ms
+
+    def disagreeing_rounds(self, factor: float = ROUND_SPREAD_FLAG) -> dict[str, list[float]]:
+        """The implementations whose slowest round took more than ``factor`` times their fastest."""
+        return {impl: samples for impl, samples in self.round_times.items()
+                if len(samples) > 1 and max(samples) > factor * min(samples)}
 
     def rows(self) -> list[Row]:
         rows = []
@@ -71,7 +84,7 @@ class CaseResult:
                 op=self.case.op, dtype=self.case.dtype_name, shape=self.case.shape_text, impl=impl, ms=ms,
                 gbps=gbps, ratio=ratio, ratio_name=self.case.reference_name,
                 kernel=self.kernel if impl == "softmax_ops" else None, k=self.case.k,
-                note=self.notes.get(impl),
+                note=self.notes.get(impl), ms_rounds=self.round_times.get(impl),
             ))
         return rows
 
