@@ -16,9 +16,11 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # Rows starting at every phase (2 v + 1 rows for v <= 8), a body of one pack, bodies of many packs, 1023, 4095;
 # the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row),
 # and short ones in the warp kernel (8192 x 1023, 4096 x 101; 4096 x 100: 4 lanes per row at 16 bits, the rows'
-# most edge elements). 100 and 102 columns: rows whose edges number 4 and 6 at 16 bits, at any phase.
+# most edge elements). 100 and 102 columns: rows whose edges number 4 and 6 at 16 bits, at any phase; 9, 30 and
+# 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
-AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (140, 4095), (140, 50257), (64, 151935), (3, 2_000_001))
+AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
+                    (140, 50257), (64, 151935), (3, 2_000_001))
 WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 

@@ -293,24 +293,28 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
     assert f"{vec16(dtype)} element(s) per access" in line, line
 
 
-@pytest.mark.parametrize("shape,dtype,edges,lanes", [
-    ((65536, 100), torch.float16, 4, 4),    # rows start at phases 0 and 4: a tail or a head of 4
-    ((65536, 60), torch.bfloat16, 4, 4),    # 60 experts (Qwen1.5-MoE's router)
-    ((65536, 102), torch.float16, 6, 8),    # phases 0, 2, 4, 6: always 6 edges
-    ((65536, 127), torch.float16, 7, 8),    # every phase, but head + tail is 7 at each
-    ((65536, 101), torch.float16, 13, 16),  # every phase: up to 13 (head 6 + tail 7)
-    ((2, 101), torch.float16, 5, 8),        # rows at phases 0 and 5 only
-    ((65536, 30), torch.float32, 2, 8),     # float32 keeps 8 lanes: 2 lanes of 4 packs ran 11% slower
-    ((65536, 99), torch.float32, 3, 16),    # 3 edges, but 24 packs take 16 lanes of 2 packs anyway
+@pytest.mark.parametrize("shape,dtype,edges,lanes,per_lane", [
+    ((65536, 100), torch.float16, 4, 4, 1),   # rows start at phases 0 and 4: a tail or a head of 4
+    ((65536, 60), torch.bfloat16, 4, 2, 2),   # 60 experts (Qwen1.5-MoE's router): 7 packs on 2 lanes of 4
+    ((65536, 102), torch.float16, 6, 4, 2),   # phases 0, 2, 4, 6: always 6 edges
+    ((65536, 127), torch.float16, 7, 4, 2),   # every phase, but head + tail is 7 at each
+    ((65536, 101), torch.float16, 13, 4, 4),  # every phase: up to 13 (head 6 + tail 7)
+    ((2, 101), torch.float16, 5, 4, 2),       # rows at phases 0 and 5 only
+    ((65536, 30), torch.bfloat16, 6, 2, 4),   # 3 packs, 6 edges: 2 lanes, not 8 of one edge each
+    ((16384, 36), torch.float16, 4, 1, 4),    # 4 packs and 4 edges: one lane holds the row
+    ((65536, 30), torch.float32, 2, 8, 1),    # float32 keeps 8 lanes: 2 lanes of 4 packs ran 11% slower
+    ((65536, 99), torch.float32, 3, 16, 1),   # 3 edges, but 24 packs take 16 lanes of 2 packs anyway
 ])
-def test_peeled_warp_rows_get_a_lane_per_edge_element(shape, dtype, edges, lanes):
-    """The peeled warp kernel holds one edge element per lane, so a 16-bit row needs as many lanes as any row of
-    the launch has edge elements (softmax_launch.h: max_row_edges), not 2 (vec - 1) always: 16 lanes of one pack
-    each ran 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4, 4 lanes at 16.0 (H100, session 21
-    calls 3-4). float32 rows keep 8 lanes at least (65536 x 30: 11.1 us at 8 lanes, 12.3 at 2)."""
+def test_peeled_warp_rows_get_lanes_for_their_packs_and_edge_slots(shape, dtype, edges, lanes, per_lane):
+    """A peeled 16-bit warp row takes the lanes its packs need and holds its edge elements, up to 4 per lane,
+    in them (softmax_launch.h: max_row_edges, kWarpPeelMaxEdgesPerLane); more lanes only where 4 per lane do not
+    cover them. Session 21 gave such a row a lane per edge element, which left 65536 x 30 on 8 lanes of one
+    pack (log_softmax 12.6 us against torch.compile's 8.9, H100). float32 rows keep 8 lanes at least (65536 x 30:
+    11.1 us at 8 lanes, 12.3 at 2) and one edge element per lane."""
     line = plan_line(shape, dtype)
     text = softmax_ops.explain(shape, dtype)
     assert "kernel warp:" in line and "rows peeled" in line and f"{lanes} lane(s) per row" in line, line
+    assert (f"{per_lane} edge element slots per lane" in line) == (per_lane > 1), line
     assert f"the up to {edges} elements around it singly" in text, text
 
 
@@ -335,8 +339,9 @@ def brute_force_max_edges(n: int, rows: int, vec: int) -> int:
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 17, 4096])
 def test_peeled_warp_plans_hold_every_edge_element(dtype, rows):
-    """A peeled warp plan needs a lane per edge element of its rows (else the launcher refuses it): against a
-    brute-force count of every row's head and tail, for every row length up to 300 that breaks packs."""
+    """A peeled warp plan needs a slot (lanes x edge elements per lane) per edge element of its rows (else the
+    launcher refuses it): against a brute-force count of every row's head and tail, for every row length up to
+    300 that breaks packs."""
     vec = vec16(dtype)
     checked = 0
     for n in range(vec + 1, 300):
@@ -349,7 +354,10 @@ def test_peeled_warp_plans_hold_every_edge_element(dtype, rows):
                 continue
             edges = brute_force_max_edges(n, rows, vec)
             lanes = int(text.split(" lane(s) per row")[0].rsplit(" ", 1)[1])
-            assert lanes >= edges, (n, rows, text)
+            slots = " edge element slots per lane"
+            per_lane = int(text.split(slots)[0].rsplit(" ", 1)[1]) if slots in text else 1
+            assert lanes * per_lane >= edges, (n, rows, text)
+            assert per_lane in ((1, 2, 4) if dtype == torch.float16 else (1,)), text
             checked += 1
     assert checked > 0
 

@@ -275,10 +275,23 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   // -32%, 65536 x 127 -8 / -11%, log_softmax -15..-47% on the same shapes, softmax_backward 65536 x 60 -19%, 65536 x
   // 30 -33%; controls within +-6%. float32 and float64 rows keep 2 (vec - 1) lanes at least (8 and 2): with as few
   // as their edges need, float32 65536 x 30 ran 11.1 -> 12.3 us (softmax), +9% (log_softmax), +4% (backward).
-  const int64_t peel_lanes = pow2_ceil(g.vec == 8 ? g.max_edges : 2 * (g.vec - 1));
-  if (g.peel && plan.lanes_per_row < peel_lanes) {
-    plan.lanes_per_row = static_cast<int>(peel_lanes);
-    plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
+  //
+  // 16-bit rows whose packs take fewer lanes than their edges hold up to kWarpPeelMaxEdgesPerLane edge elements
+  // per lane: 65536 x 30 (3 packs, 6 edges) ran on 8 lanes of one pack, log_softmax 12.6 us against
+  // torch.compile's 8.9 (H100, session 21 call 5), where its aligned neighbour 65536 x 32 runs on 1 lane of 4.
+  if (g.peel) {
+    const bool sixteen_bit = g.vec == 8;
+    const int64_t slots_needed = sixteen_bit ? g.max_edges : 2 * (g.vec - 1);
+    const int64_t peel_lanes =
+        pow2_ceil(ceil_div(std::max<int64_t>(slots_needed, 1), sixteen_bit ? kWarpPeelMaxEdgesPerLane : 1));
+    if (plan.lanes_per_row < peel_lanes) {
+      plan.lanes_per_row = static_cast<int>(peel_lanes);
+      plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
+    }
+    plan.edges_per_lane = static_cast<int>(pow2_ceil(ceil_div(std::max(g.max_edges, 1), plan.lanes_per_row)));
+    // Lanes of more packs hold one edge element (softmax_warp.cu compiles no other): short rows never have more.
+    static_assert(Heuristics::kWarpShortRowPacks <= kWarpPeelMultiEdgeMaxPacks &&
+                  Heuristics::kWarpShortRowPacksBackward <= kWarpPeelMultiEdgeMaxPacksBackward);
   }
   // Fewer rows than SMs x 4 warps: CTAs of fewer warps, so the rows spread over more SMs. 128 x 1024 (one row
   // per warp) ran on 32 SMs in CTAs of 4 warps, each SM's share of the loads and stores queued behind one
@@ -1006,6 +1019,7 @@ std::string describe_plan(const SoftmaxPlan& plan) {
   switch (plan.kernel) {
     case SoftmaxKernel::kWarp:
       s += ", " + to_string(plan.lanes_per_row) + " lane(s) per row, " + to_string(plan.reg_packs) + " pack(s) per lane";
+      if (plan.edges_per_lane > 1) s += ", " + to_string(plan.edges_per_lane) + " edge element slots per lane";
       break;
     case SoftmaxKernel::kBlockOnePass:
     case SoftmaxKernel::kClusterOnePass:

@@ -231,6 +231,16 @@ __device__ __forceinline__ typename Op::Acc edge_partial(const Op& op, const typ
   return op.template accumulate<1>(Op::identity(), [&](auto&& fn) { fn(v, 0); });
 }
 
+// The partial of a thread's EDGES edge elements (the warp kernel's lanes hold up to 4), one chunk of them.
+template <typename Op, int EDGES>
+__device__ __forceinline__ typename Op::Acc edge_partial(const Op& op,
+                                                         const typename Op::C (&v)[EDGES][Op::kStreams]) {
+  return op.template accumulate<1>(Op::identity(), [&](auto&& fn) {
+#pragma unroll
+    for (int i = 0; i < EDGES; ++i) fn(v[i], 0);
+  });
+}
+
 template <typename Op, int VEC>
 __device__ __forceinline__ void store_edge(const RowArgs<Op>& args, int64_t row_start, const RowEdges<VEC>& edges,
                                            int e, const typename Op::Row& row_consts,

@@ -47,6 +47,7 @@ struct SoftmaxPlan {
   int block_x = 1;          // strided: threads across inner (blockDim.x); threads / block_x along n
   int lanes_per_row = 32;   // warp: lanes sharing one row (power of two, 1..32)
   int reg_packs = 1;        // warp: vector packs per lane; block/cluster/grid: packs per thread in registers
+  int edges_per_lane = 1;   // warp, peeled: a row's edge elements each lane holds (1, or 2 / 4 for 16-bit rows)
   int smem_packs = 0;       // block/cluster/grid: further packs per thread (per input stream) in shared memory
   int cluster = 1;          // cluster: CTAs per row (thread-block cluster size)
   int64_t chunks = 1;       // split_row, grid_onepass: CTAs per row
@@ -66,11 +67,17 @@ struct SoftmaxPlan {
 constexpr int kMaxClusterCtas = 16;            // cluster_onepass: CTAs per row (16: the non-portable opt-in)
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
+// Peeled warp rows of 16-bit elements: edge elements per lane at most (2 and 4 compiled, for lanes of up to
+// kWarpPeelMultiEdgeMaxPacks packs forward, ...Backward in the backward: the most a short row's lane holds;
+// softmax_dispatch.cpp: plan_warp says why).
+constexpr int kWarpPeelMaxEdgesPerLane = 4;
+constexpr int kWarpPeelMultiEdgeMaxPacks = 4;
+constexpr int kWarpPeelMultiEdgeMaxPacksBackward = 1;
 // Peeled rows: the most edge elements (head + tail: RowEdges, device_utils.cuh) that any of `rows` rows of n
 // elements has, the first starting at element phase `phase` (its address / element size, modulo vec) and each
 // row right after the one before. Row r starts at phase + r n (mod vec), so the first vec rows show every phase
 // there is: 4 for 16-bit rows of 100 or 60 (phases 0 and 4: a head or a tail of 4), up to 2 (vec - 1) when n is
-// odd. The peeled warp kernel gives a row at least that many lanes (one edge element per lane).
+// odd. The peeled warp kernel gives a row at least that many edge slots (lanes x edge elements per lane).
 inline int max_row_edges(int64_t phase, int64_t n, int64_t rows, int vec) {
   int most = 0;
   for (int64_t r = 0; r < rows && r < vec; ++r) {

@@ -22,13 +22,13 @@
 namespace softmax_ops::detail {
 
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
-// kPeel: `edge` is the lane's edge element of a peeled row (the padding where it holds none), its result
-// written to edge_out where that is not null.
-template <typename Op, int VEC, int PACKS, bool kPeel = false>
+// EDGES > 0 (a peeled row): edge[i] is the lane's i-th edge element (the padding where it holds none), its
+// result written to edge_out[i] where that is not null.
+template <typename Op, int VEC, int PACKS, int EDGES = 0>
 __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
                                              int lane_in_row, int64_t n_packs, bool row_valid,
-                                             typename Op::Out* out, float edge = 0.f,
-                                             typename Op::Out* edge_out = nullptr) {
+                                             typename Op::Out* out, const float* edge = nullptr,
+                                             typename Op::Out* const* edge_out = nullptr) {
   using Out = typename Op::Out;
   float e[PACKS][VEC];
   float maxes[kIlp];  // independent chains, see ForwardOp::accumulate
@@ -42,7 +42,8 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       maxes[j % kIlp] = row_max(maxes[j % kIlp], e[p][j]);
     }
   }
-  if constexpr (kPeel) maxes[0] = row_max(maxes[0], edge);
+#pragma unroll
+  for (int i = 0; i < EDGES; ++i) maxes[i % kIlp] = row_max(maxes[i % kIlp], edge[i]);
   const float m = warp_all_reduce_with(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }), lanes,
                                        [](float a, float b) { return row_max(a, b); });
   // A NaN or +inf in the row makes the sum NaN, an all -inf row exp(NaN): every output NaN, as torch.
@@ -55,10 +56,11 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       sums[j % kIlp] += e[p][j];
     }
   }
-  [[maybe_unused]] float edge_e;
-  if constexpr (kPeel) {
-    edge_e = ExpMath<float>::exp_from(edge, m);
-    sums[0] += edge_e;
+  [[maybe_unused]] float edge_e[EDGES > 0 ? EDGES : 1];
+#pragma unroll
+  for (int i = 0; i < EDGES; ++i) {
+    edge_e[i] = ExpMath<float>::exp_from(edge[i], m);
+    sums[i % kIlp] += edge_e[i];
   }
   const float sum = warp_all_reduce_with(reduce_ilp(sums, [](float a, float b) { return a + b; }), lanes,
                                          [](float a, float b) { return a + b; });
@@ -73,8 +75,9 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
       store_vec<Out, VEC>(out + k * VEC, result);
     }
   }
-  if constexpr (kPeel) {
-    if (edge_out != nullptr) *edge_out = convert<Out>(edge_e * inv_sum);
+#pragma unroll
+  for (int i = 0; i < EDGES; ++i) {
+    if (edge_out[i] != nullptr) *edge_out[i] = convert<Out>(edge_e[i] * inv_sum);
   }
 }
 
@@ -82,16 +85,19 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
 template <typename Op, int VEC, int PACKS>
 constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
 
-// kPeel: rows read as an aligned body of packs plus single edge elements (RowEdges, plan.peel), one per lane:
-// the plan gives a row at least as many lanes as any row of the launch has edge elements (max_row_edges; the
+// EDGES > 0 (peeled, plan.peel): rows read as an aligned body of packs plus single edge elements (RowEdges),
+// up to EDGES per lane (plan.edges_per_lane): lane l of a row holds edge elements l, l + lanes, ... The plan
+// gives a row enough lanes x EDGES for the most edge elements any row of the launch has (max_row_edges; the
 // launcher refuses a plan with fewer, from the pointer it launches on: a check per row here cost registers,
-// up to 17 more and 40 bytes of spills). The edge element is folded into the lane's partial and written singly.
-template <typename Op, int VEC, int PACKS, bool kPeel = false>
+// up to 17 more and 40 bytes of spills). Edge elements are folded into the lane's partial and written singly.
+template <typename Op, int VEC, int PACKS, int EDGES = 0>
 __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArgs<Op> args, int lanes_log2) {
   using In = typename Op::In;
   using Out = typename Op::Out;
   using C = typename Op::C;
   constexpr int S = Op::kStreams;
+  constexpr bool kPeel = EDGES > 0;
+  constexpr int kEdgeSlots = kPeel ? EDGES : 1;
   const Op op = args.op;
   const int lanes = 1 << lanes_log2;
   const int lane = threadIdx.x % kWarpSize;
@@ -110,10 +116,11 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     int64_t row_offset = row * args.n;
     int64_t n_packs = max_packs;
     [[maybe_unused]] RowEdges<VEC> edges{};
-    [[maybe_unused]] C edge[S];
+    [[maybe_unused]] C edge[kEdgeSlots][S];
     if constexpr (kPeel) {
       edges = row_edges<VEC>(args, row);
-      load_edge(args, row_offset, edges, row_valid ? lane_in_row : -1, edge);
+#pragma unroll
+      for (int i = 0; i < EDGES; ++i) load_edge(args, row_offset, edges, row_valid ? lane_in_row + i * lanes : -1, edge[i]);
       n_packs = edges.packs;
       row_offset += edges.head;
     }
@@ -135,11 +142,16 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     if constexpr (kWarpExpOnce<Op, VEC, PACKS>) {
       if (!op.log) {
         if constexpr (kPeel) {
-          const bool holds_edge = row_valid && lane_in_row < edges.count();
-          exp_once_row<Op, VEC, PACKS, true>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset,
-                                             edge[0],
-                                             holds_edge ? args.out + row * args.n + edges.column(lane_in_row)
-                                                        : nullptr);
+          float edge_value[EDGES];
+          Out* edge_out[EDGES];
+#pragma unroll
+          for (int i = 0; i < EDGES; ++i) {
+            const int e = lane_in_row + i * lanes;
+            edge_value[i] = edge[i][0];
+            edge_out[i] = row_valid && e < edges.count() ? args.out + row * args.n + edges.column(e) : nullptr;
+          }
+          exp_once_row<Op, VEC, PACKS, EDGES>(cache[0], lanes, lane_in_row, n_packs, row_valid,
+                                              args.out + row_offset, edge_value, edge_out);
         } else {
           exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset);
         }
@@ -163,7 +175,10 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     if constexpr (kPeel) acc = Op::merge(acc, edge_partial(op, edge));
     acc = warp_all_reduce<Op>(acc, lanes);  // every lane, valid row or not: the shuffles need all 32
     const typename Op::Row row_consts = op.finalize(acc);
-    if constexpr (kPeel) store_edge(args, row * args.n, edges, row_valid ? lane_in_row : -1, row_consts, edge);
+#pragma unroll
+    for (int i = 0; i < EDGES; ++i) {
+      store_edge(args, row * args.n, edges, row_valid ? lane_in_row + i * lanes : -1, row_consts, edge[i]);
+    }
 
 #pragma unroll
     for (int p = 0; p < PACKS; ++p) {
