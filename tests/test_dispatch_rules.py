@@ -295,22 +295,23 @@ def test_many_rows_that_break_16_byte_packs_are_peeled(shape, dtype, op, kernel)
 
 @pytest.mark.parametrize("shape,dtype,edges,lanes,per_lane", [
     ((65536, 100), torch.float16, 4, 4, 1),   # rows start at phases 0 and 4: a tail or a head of 4
-    ((65536, 60), torch.bfloat16, 4, 2, 2),   # 60 experts (Qwen1.5-MoE's router): 7 packs on 2 lanes of 4
-    ((65536, 102), torch.float16, 6, 4, 2),   # phases 0, 2, 4, 6: always 6 edges
-    ((65536, 127), torch.float16, 7, 4, 2),   # every phase, but head + tail is 7 at each
-    ((65536, 101), torch.float16, 13, 4, 4),  # every phase: up to 13 (head 6 + tail 7)
-    ((2, 101), torch.float16, 5, 4, 2),       # rows at phases 0 and 5 only
-    ((65536, 30), torch.bfloat16, 6, 2, 4),   # 3 packs, 6 edges: 2 lanes, not 8 of one edge each
-    ((16384, 36), torch.float16, 4, 1, 4),    # 4 packs and 4 edges: one lane holds the row
+    ((65536, 60), torch.bfloat16, 4, 4, 1),   # 60 experts (Qwen1.5-MoE's router): 7 packs on 4 lanes of 2
+    ((65536, 102), torch.float16, 6, 8, 1),   # phases 0, 2, 4, 6: always 6 edges
+    ((65536, 127), torch.float16, 7, 8, 1),   # every phase, but head + tail is 7 at each
+    ((65536, 101), torch.float16, 13, 8, 2),  # every phase: up to 13 (head 6 + tail 7)
+    ((2, 101), torch.float16, 5, 8, 1),       # rows at phases 0 and 5 only
+    ((65536, 30), torch.bfloat16, 6, 2, 4),   # 3 packs, 6 edges: 2 lanes of 2 packs, not 8 of one
+    ((65536, 9), torch.float16, 9, 4, 4),     # a pack and up to 9 edges (head 7, tail 2)
+    ((16384, 36), torch.float16, 4, 2, 2),    # 4 packs and 4 edges
     ((65536, 30), torch.float32, 2, 8, 1),    # float32 keeps 8 lanes: 2 lanes of 4 packs ran 11% slower
     ((65536, 99), torch.float32, 3, 16, 1),   # 3 edges, but 24 packs take 16 lanes of 2 packs anyway
 ])
 def test_peeled_warp_rows_get_lanes_for_their_packs_and_edge_slots(shape, dtype, edges, lanes, per_lane):
-    """A peeled 16-bit warp row takes the lanes its packs need and holds its edge elements, up to 4 per lane,
-    in them (softmax_launch.h: max_row_edges, kWarpPeelMaxEdgesPerLane); more lanes only where 4 per lane do not
-    cover them. Session 21 gave such a row a lane per edge element, which left 65536 x 30 on 8 lanes of one
-    pack (log_softmax 12.6 us against torch.compile's 8.9, H100). float32 rows keep 8 lanes at least (65536 x 30:
-    11.1 us at 8 lanes, 12.3 at 2) and one edge element per lane."""
+    """A peeled 16-bit warp row whose edges outnumber its lanes spreads its packs to 2 per lane, then holds up to
+    4 edge elements per lane (softmax_dispatch.cpp: plan_warp). Session 21 gave such a row a lane per edge
+    element, which left 65536 x 30 on 8 lanes of one pack (log_softmax 12.6 us against torch.compile's 8.9,
+    H100); 4 packs per lane lost to 2 (65536 x 60 +15%, session 22). float32 rows keep 8 lanes at least (65536 x
+    30: 11.1 us at 8 lanes, 12.3 at 2) and one edge element per lane."""
     line = plan_line(shape, dtype)
     text = softmax_ops.explain(shape, dtype)
     assert "kernel warp:" in line and "rows peeled" in line and f"{lanes} lane(s) per row" in line, line

@@ -267,31 +267,38 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     plan.lanes_per_row = 32;
     plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(g.n_packs, 32)));
   }
-  // A peeled row's edge elements, one per lane. 16-bit rows: as many lanes as a row of the launch has edge
-  // elements (max_row_edges: 4 for rows of 60 or 100, 7 for 127, up to 14), where 16 lanes of one pack each ran
-  // 65536 x 100 fp16 softmax at 19.1 us against torch.compile's 16.4 (H100, session 21 call 3). A/B, call 4 (three
-  // interleaved rounds, *session21-c4-compare-peeled-warp-lanes.txt*, us fp16 / bf16, means): softmax 65536 x 60
-  // 19.1 / 19.3 -> 11.5 / 11.9, 65536 x 100 19.2 / 19.8 -> 16.0 / 16.0, 65536 x 30 -38 / -37%, 16384 x 36 -28 /
-  // -32%, 65536 x 127 -8 / -11%, log_softmax -15..-47% on the same shapes, softmax_backward 65536 x 60 -19%, 65536 x
-  // 30 -33%; controls within +-6%. float32 and float64 rows keep 2 (vec - 1) lanes at least (8 and 2): with as few
-  // as their edges need, float32 65536 x 30 ran 11.1 -> 12.3 us (softmax), +9% (log_softmax), +4% (backward).
+  // A peeled row's edge elements. float32 and float64 rows: one per lane, 2 (vec - 1) lanes at least (8 and 2):
+  // with as few as their edges need, float32 65536 x 30 ran 11.1 -> 12.3 us (softmax), +9% (log_softmax), +4%
+  // (backward; H100, session 21 call 4).
   //
-  // 16-bit rows whose packs take fewer lanes than their edges hold up to kWarpPeelMaxEdgesPerLane edge elements
-  // per lane: 65536 x 30 (3 packs, 6 edges) ran on 8 lanes of one pack, log_softmax 12.6 us against
-  // torch.compile's 8.9 (H100, session 21 call 5), where its aligned neighbour 65536 x 32 runs on 1 lane of 4.
-  if (g.peel) {
-    const bool sixteen_bit = g.vec == 8;
-    const int64_t slots_needed = sixteen_bit ? g.max_edges : 2 * (g.vec - 1);
-    const int64_t peel_lanes =
-        pow2_ceil(ceil_div(std::max<int64_t>(slots_needed, 1), sixteen_bit ? kWarpPeelMaxEdgesPerLane : 1));
+  // 16-bit rows (up to 14 edges) whose edges outnumber their lanes first spread their packs to at most
+  // kWarpPeelMultiEdgeMaxPacks per lane, then hold up to kWarpPeelMaxEdgesPerLane edge elements per lane. Session
+  // 21 gave them a lane per edge element (65536 x 60 19.1 -> 11.5 us, 65536 x 100 19.2 -> 16.0 against 16 lanes of
+  // one pack), which left rows of a few packs on up to 16 lanes of one pack (65536 x 30: 8 lanes, log_softmax 12.6
+  // us against torch.compile's 8.9; session 21 call 5). H100, session 22 call 1 (two interleaved rounds,
+  // *session22-c1-compare-peel-edges-{new,v2}.txt*, us fp16 / bf16 means, lane per edge -> this rule): softmax
+  // 65536 x 9 18.0 / 18.4 -> 9.1 / 9.3, 65536 x 33 18.7 / 18.7 -> 9.7 / 9.6, 65536 x 30 -18 / -27%, 65536 x 101
+  // (8 lanes of 2 edges) -16 / -14%, log_softmax -21..-53% on those, softmax_backward 65536 x 9 / 33 -36..-46%.
+  // Four packs per lane lost where a lane per edge had given 2: 65536 x 60 +15 / +6% (2 lanes of 4 packs), 65536 x
+  // 127 +7 / +2%, 16384 x 36 +14 / +8% (1 lane of 4): so those keep their plans, or 2 packs (16384 x 36: -4%).
+  if (g.peel && g.vec != 8) {
+    const int64_t peel_lanes = pow2_ceil(2 * (g.vec - 1));
     if (plan.lanes_per_row < peel_lanes) {
       plan.lanes_per_row = static_cast<int>(peel_lanes);
       plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
     }
-    plan.edges_per_lane = static_cast<int>(pow2_ceil(ceil_div(std::max(g.max_edges, 1), plan.lanes_per_row)));
-    // Lanes of more packs hold one edge element (softmax_warp.cu compiles no other): short rows never have more.
-    static_assert(Heuristics::kWarpShortRowPacks <= kWarpPeelMultiEdgeMaxPacks &&
-                  Heuristics::kWarpShortRowPacksBackward <= kWarpPeelMultiEdgeMaxPacksBackward);
+  } else if (g.peel) {
+    const int64_t edges = std::max(g.max_edges, 1);
+    auto spread_over = [&](int64_t lanes) {
+      plan.lanes_per_row = static_cast<int>(lanes);
+      plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), lanes)));
+    };
+    const int multi_edge_max_packs =
+        g.streams == 2 ? kWarpPeelMultiEdgeMaxPacksBackward : kWarpPeelMultiEdgeMaxPacks;
+    while (edges > plan.lanes_per_row && plan.reg_packs > multi_edge_max_packs) spread_over(2 * plan.lanes_per_row);
+    const int64_t edge_lanes = pow2_ceil(ceil_div(edges, kWarpPeelMaxEdgesPerLane));
+    if (plan.lanes_per_row < edge_lanes) spread_over(edge_lanes);
+    plan.edges_per_lane = static_cast<int>(pow2_ceil(ceil_div(edges, plan.lanes_per_row)));
   }
   // Fewer rows than SMs x 4 warps: CTAs of fewer warps, so the rows spread over more SMs. 128 x 1024 (one row
   // per warp) ran on 32 SMs in CTAs of 4 warps, each SM's share of the loads and stores queued behind one

@@ -67,11 +67,10 @@ struct SoftmaxPlan {
 constexpr int kMaxClusterCtas = 16;            // cluster_onepass: CTAs per row (16: the non-portable opt-in)
 constexpr int kWarpKernelThreads = 128;       // warp kernel: 4 warps per CTA
 constexpr int kWarpKernelMaxPacks = 8;        // warp kernel: packs per lane (row <= 32 x 8 packs)
-// Peeled warp rows of 16-bit elements: edge elements per lane at most (2 and 4 compiled, for lanes of up to
-// kWarpPeelMultiEdgeMaxPacks packs forward, ...Backward in the backward: the most a short row's lane holds;
-// softmax_dispatch.cpp: plan_warp says why).
+// Peeled warp rows of 16-bit elements: edge elements per lane at most (2 and 4 compiled), in lanes of up to
+// kWarpPeelMultiEdgeMaxPacks packs (...Backward in the backward; softmax_dispatch.cpp: plan_warp says why).
 constexpr int kWarpPeelMaxEdgesPerLane = 4;
-constexpr int kWarpPeelMultiEdgeMaxPacks = 4;
+constexpr int kWarpPeelMultiEdgeMaxPacks = 2;
 constexpr int kWarpPeelMultiEdgeMaxPacksBackward = 1;
 // Peeled rows: the most edge elements (head + tail: RowEdges, device_utils.cuh) that any of `rows` rows of n
 // elements has, the first starting at element phase `phase` (its address / element size, modulo vec) and each
