@@ -281,6 +281,9 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   // (8 lanes of 2 edges) -16 / -14%, log_softmax -21..-53% on those, softmax_backward 65536 x 9 / 33 -36..-46%.
   // Four packs per lane lost where a lane per edge had given 2: 65536 x 60 +15 / +6% (2 lanes of 4 packs), 65536 x
   // 127 +7 / +2%, 16384 x 36 +14 / +8% (1 lane of 4): so those keep their plans, or 2 packs (16384 x 36: -4%).
+  // This rule against session 21's (call 2, two rounds, *session22-c2-compare-peel-edges-final.txt*): every row
+  // length whose plan changed (7, 9, 30, 31, 33, 36, 99, 101) up to 52% faster or within 2%, but 16384 x 36 bf16
+  // log_softmax +5% (6 us).
   if (g.peel && g.vec != 8) {
     const int64_t peel_lanes = pow2_ceil(2 * (g.vec - 1));
     if (plan.lanes_per_row < peel_lanes) {
