@@ -151,10 +151,12 @@ def time_in_rounds(fns: dict[str, Callable[[], object]], timer: Timer, rounds: i
     """Time every callable once per round, the callables taking turns; returns each one's times in order.
 
     The bench reports the smallest of a callable's round times. A GPU cannot run a call faster than it
-    can, but it can run a whole timing slower: sweeps on the H100 had 1-12 of 132 cases in which one
-    implementation's median was 5-15x its usual (e.g. 153 us against 11 on the re-run), never explained.
-    Two rounds in turn bound that without favouring anyone, and the JSON keeps every round's time so such
-    disagreements stay visible (the progress line flags them).
+    can, but a whole timing can come out slower: single-round sweeps on the H100 had 1-12 of 132 cases in
+    which one implementation's median was 5-15x its usual (e.g. 153 us against 11 on the re-run). With two
+    rounds (H100, session 22, 300 cases per implementation) 54 torch.compile rows and 2 of 39 Liger rows had
+    one round 1.5-6x the other, none of ours or eager's; the cause is unknown. Rounds in turn bound that
+    without favouring anyone, and the JSON keeps every round's time so such disagreements stay visible (the
+    progress line flags them).
 
     Example:
         >>> time_in_rounds({"a": lambda: None}, lambda fn: 1.0, rounds=2)
