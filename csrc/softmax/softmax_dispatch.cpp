@@ -284,18 +284,15 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   // This rule against session 21's (call 2, two rounds, *session22-c2-compare-peel-edges-final.txt*): every row
   // length whose plan changed (7, 9, 30, 31, 33, 36, 99, 101) up to 52% faster or within 2%, but 16384 x 36 bf16
   // log_softmax +5% (6 us).
+  auto spread_over = [&](int64_t lanes) {
+    plan.lanes_per_row = static_cast<int>(lanes);
+    plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), lanes)));
+  };
   if (g.peel && g.vec != 8) {
     const int64_t peel_lanes = pow2_ceil(2 * (g.vec - 1));
-    if (plan.lanes_per_row < peel_lanes) {
-      plan.lanes_per_row = static_cast<int>(peel_lanes);
-      plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.lanes_per_row)));
-    }
+    if (plan.lanes_per_row < peel_lanes) spread_over(peel_lanes);
   } else if (g.peel) {
     const int64_t edges = std::max(g.max_edges, 1);
-    auto spread_over = [&](int64_t lanes) {
-      plan.lanes_per_row = static_cast<int>(lanes);
-      plan.reg_packs = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), lanes)));
-    };
     const int multi_edge_max_packs =
         g.streams == 2 ? kWarpPeelMultiEdgeMaxPacksBackward : kWarpPeelMultiEdgeMaxPacks;
     while (edges > plan.lanes_per_row && plan.reg_packs > multi_edge_max_packs) spread_over(2 * plan.lanes_per_row);

@@ -36,13 +36,10 @@ cudaError_t launch_softmax_warp(const SoftmaxProblem& problem, const SoftmaxPlan
             if (plan.edges_per_lane == 1) return launch(std::integral_constant<int, 1>{});
             constexpr int kMultiEdgeMaxPacks =
                 Op::kStreams == 2 ? kWarpPeelMultiEdgeMaxPacksBackward : kWarpPeelMultiEdgeMaxPacks;
+            static_assert(kWarpPeelMaxEdgesPerLane == 4, "instances for 2 and 4 edge elements per lane");
             if constexpr (kVec == 8 && kPacks <= kMultiEdgeMaxPacks) {
-              if constexpr (kWarpPeelMaxEdgesPerLane >= 2) {
-                if (plan.edges_per_lane == 2) return launch(std::integral_constant<int, 2>{});
-              }
-              if constexpr (kWarpPeelMaxEdgesPerLane >= 4) {
-                if (plan.edges_per_lane == 4) return launch(std::integral_constant<int, 4>{});
-              }
+              if (plan.edges_per_lane == 2) return launch(std::integral_constant<int, 2>{});
+              if (plan.edges_per_lane == 4) return launch(std::integral_constant<int, 4>{});
             }
             return cudaErrorInvalidValue;
           } else {
