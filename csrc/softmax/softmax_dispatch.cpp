@@ -14,8 +14,10 @@ namespace softmax_ops {
 namespace {
 
 // ===================================================================================================
-// Heuristics. Every number here is an INITIAL ESTIMATE, TO BE MEASURED on H100/H200 with
-// `python -m softmax_ops bench` (shared/PERF.md); the reasoning behind each is next to it.
+// Heuristics. Next to each number: the measurement behind it (GPU, date or session, results file under
+// benchmarks/results/) or, where none was made (kGridWaves, kPrefetchMaxWaves, kFewRowsPerSm, the two-pass,
+// split-row and strided CTA shapes), the reasoning. benchmarks/tune_softmax.py times every kernel against the
+// choice; benchmarks/explain_snapshot.py lists the plans a change moves.
 // ===================================================================================================
 struct Heuristics {
   // warp kernel for rows of at most this many bytes per input stream (f32 1024 / f16 2048 / f64 512
