@@ -10,8 +10,16 @@ Patterns (the names are the report's keys):
 The last one is exact because the renormalised top-k probabilities are the softmax of the k selected logits.
 A candidate is rewritten only when the result is provably the same: value on an enabled device, plain
 tensor of a supported dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a
-static int k, no other reader of an intermediate that disappears, and no grad-mode switch inside a fused
-pattern. Every candidate left alone is reported with the reason.
+static int k, no other reader of an intermediate that disappears, no grad-mode switch inside a fused
+pattern, a topk_softmax ``dtype=`` that only widens the logits, and, where the graph records gradients, no
+later in-place write into the logits or the top-k values (fused_topk saves both; _mutations.py). A graph
+holding a torch.func transform or a forward-mode AD region is left alone entirely. Every candidate left
+alone is reported with the reason.
+
+Ties: torch.topk does not specify which of several equal values it returns ("the indices of tied elements
+are not guaranteed to be stable"). fused_topk ranks by logit, equal logits to the lower index, so where
+probabilities tie (equal logits, or distinct logits whose probabilities round or underflow to the same
+value) the two may return different indices of the same values.
 
 Dtypes come from the nodes' example values, which Dynamo computed under the autocast state in force. When
 autocast changed a softmax's output dtype, the replacement passes that dtype explicitly: torch's ``dtype=``
@@ -29,6 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Graph, Node
 
+from softmax_ops._mutations import first_mutation
 from softmax_ops._patterns import (
     SUPPORTED_DTYPES,
     DivCall,
@@ -55,6 +64,11 @@ PATTERNS = ("softmax", "log_softmax", SOFTMAX_TOPK, SOFTMAX_TOPK_RENORM, TOPK_SO
 
 # How Dynamo records `with torch.no_grad()`, `torch.set_grad_enabled(...)` and `torch.inference_mode()`.
 _GRAD_MODE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"})
+# How Dynamo records torch.func transforms (grad, vjp, jacrev, vmap, jvp: functions of these modules) and
+# forward-mode AD regions. Our ops have no forward-AD or batching rules: inside such a region a rewrite drops
+# tangents or fails to compile, so a graph holding any of them is left as it is.
+_TRANSFORM_MODULES = ("torch._functorch", "torch._C._functorch")
+_FORWARD_AD_NAMES = frozenset({"_enter_dual_level", "_exit_dual_level", "_make_dual", "_unpack_dual"})
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 # Example values are FakeTensors under Dynamo; plain tensors/parameters appear in hand-built graphs.
 _PLAIN_TENSOR_TYPES = (FakeTensor, torch.Tensor, torch.nn.Parameter)
@@ -143,6 +157,37 @@ def _grad_mode_changes_between(first: Node, last: Node) -> bool:
             return True
         node = node.next
     return False
+
+
+def _transform_node(graph: Graph) -> Node | None:
+    """The first node of a torch.func transform or a forward-mode AD region in ``graph``, None when none."""
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        module = getattr(node.target, "__module__", None) or ""
+        if module.startswith(_TRANSFORM_MODULES) or getattr(node.target, "__name__", None) in _FORWARD_AD_NAMES:
+            return node
+    return None
+
+
+def _keeps_order(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether casting ``source`` values to ``target`` keeps every order and every inequality (an exact
+    widening), so that ranking after the cast ranks exactly as before it."""
+    widenings = {torch.float16: (torch.float32, torch.float64), torch.bfloat16: (torch.float32, torch.float64),
+                 torch.float32: (torch.float64,)}
+    return source == target or target in widenings.get(source, ())
+
+
+def _saved_tensor_written(mutation: Node) -> str:
+    return (f"{mutation.name} writes in place into the logits or the top-k values in a graph that records "
+            "gradients, and fused_topk saves both for its backward (torch's ops save neither)")
+
+
+def _records_grad(value: object) -> bool:
+    """Whether autograd records the op that produced ``value`` (an example tensor or a tuple starting with
+    one); True when unknown."""
+    tensor = value[0] if isinstance(value, (tuple, list)) and value else value
+    return not isinstance(tensor, torch.Tensor) or tensor.requires_grad
 
 
 def _with_value(node: Node, template: Node, value: object) -> Node:
@@ -308,6 +353,13 @@ class _GraphRewriter:
             self._skip(SOFTMAX_TOPK, topk.node, problem)
             return
         renorm = self._renormalisation(topk, dim, rank)
+        if _records_grad(node_value(topk.node)):
+            values = [user for user in topk.node.users if getitem_index(user) == 0]
+            fused_away = [renorm[0].node, renorm[1].node] if renorm else []
+            mutation = first_mutation([call.input, *values, *fused_away[:1]], call.node, ignore=fused_away)
+            if mutation is not None:
+                self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
+                return
         # Inserted where the softmax was, so the logits are read at the same point of the program as before.
         fused = self._insert(
             call.node,
@@ -349,6 +401,13 @@ class _GraphRewriter:
             problem = "topk values also used elsewhere"
         if problem is None and _grad_mode_changes_between(topk.node, call.node):
             problem = "grad mode changes between topk and softmax"
+        if problem is None and dtype is not None and not _keeps_order(logits.dtype, dtype):
+            problem = (f"softmax dtype={dtype} of {logits.dtype} topk values: topk ranked the {logits.dtype} "
+                       "logits, fused_topk would rank them after the cast")
+        if problem is None and _records_grad(node_value(call.node)):
+            mutation = first_mutation([topk.input, *values_nodes, call.node], topk.node)
+            if mutation is not None:
+                problem = _saved_tensor_written(mutation)
         if problem:
             self._skip(TOPK_SOFTMAX, call.node, problem)
             return
@@ -400,6 +459,14 @@ class _GraphRewriter:
             self._fuse_topk_softmax(topk)
 
     def run(self) -> GraphOutcome:
+        transform = _transform_node(self.graph)
+        if transform is not None:
+            for node in self.graph.nodes:
+                kind = softmax_kind(node)
+                if kind is not None:
+                    self._skip(kind, node, f"the graph holds a torch.func transform or forward-mode AD region "
+                                           f"({transform.name}); softmax_ops' ops have no rules for them")
+            return self.outcome
         self._report_unreadable_softmax_calls()
         for node in list(self.graph.nodes):
             if node not in self.erased:

@@ -548,6 +548,115 @@ def test_untouched_across_grad_mode_change():
         torch.testing.assert_close(ours, theirs)
 
 
+def test_untouched_topk_softmax_whose_dtype_narrows_the_logits():
+    """torch.topk ranks the float32 logits, which differ; fused_topk with dtype=float16 would rank them after
+    the cast, where they tie (and pick index 0 instead of 1)."""
+
+    def fn(x):
+        values, selected = torch.topk(x, 1)
+        return torch.softmax(values, -1, dtype=torch.float16), selected
+
+    x = torch.tensor([[1.0001, 1.0002, 0.0, -1.0]], device=DEVICE)
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    assert skip_reasons() == [
+        ("topk_softmax", "softmax dtype=torch.float16 of torch.float32 topk values: topk ranked the torch.float32 "
+                         "logits, fused_topk would rank them after the cast")
+    ]
+    for ours, theirs in zip(outs, fn(x)):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def test_topk_softmax_whose_dtype_widens_the_logits_is_fused():
+    def fn(x):
+        values, selected = torch.topk(x, 2)
+        return torch.softmax(values, -1, dtype=torch.float32), selected
+
+    x = logits(4, 8, dtype=torch.bfloat16)
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    assert softmax_ops.compile_report().rewrites["topk_softmax"] == 1
+    for ours, theirs in zip(outs, fn(x)):
+        torch.testing.assert_close(ours, theirs)
+
+
+def router_mutating_values(x):
+    weights, selected = x.softmax(-1).topk(2)
+    weights /= weights.sum(-1, keepdim=True) + 1e-20  # the epsilon keeps it from fusing as a renormalisation
+    return weights, selected
+
+
+def router_mutating_logits(x):
+    h = x * 2
+    weights, selected = h.topk(2)
+    probabilities = weights.softmax(-1)
+    h.add_(1)
+    return probabilities, selected, h
+
+
+def router_mutating_a_view_of_the_logits(x):
+    h = x * 2
+    weights, selected = torch.topk(torch.softmax(h, -1), 2)
+    h.view(-1)[0] = 5.0
+    return weights, selected, h
+
+
+@pytest.mark.parametrize("fn", [router_mutating_values, router_mutating_logits, router_mutating_a_view_of_the_logits])
+def test_untouched_topk_patterns_whose_saved_tensors_a_training_graph_writes_in_place(fn):
+    """fused_topk saves the logits and the values for its backward; torch's softmax and topk save neither, so
+    an in-place write after them is legal in eager and must stay legal compiled (autograd would refuse the
+    fused op's backward)."""
+    x = logits(4, 8).requires_grad_()
+    compiled = torch.compile(fn, backend=pass_backend, fullgraph=True)
+    outs = compiled(x)
+    (grad,) = torch.autograd.grad(outs[0].sum(), x)
+    reasons = [reason for _, reason in skip_reasons()]
+    assert len(reasons) == 1 and "writes in place into the logits or the top-k values" in reasons[0], reasons
+    x_eager = x.detach().clone().requires_grad_()
+    eager_outs = fn(x_eager)
+    (eager_grad,) = torch.autograd.grad(eager_outs[0].sum(), x_eager)
+    for ours, theirs in zip(outs, eager_outs):
+        torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(grad, eager_grad)
+
+
+def test_in_place_writes_do_not_block_fusion_without_gradients():
+    rewritten_graph(router_mutating_values, logits(4, 8))
+    assert softmax_ops.compile_report().rewrites["softmax_topk"] == 1
+
+
+def test_renormalisation_in_place_is_fused_in_training():
+    """The in-place `/=` of a fused renormalisation disappears with it: it is not a later write."""
+    x = logits(4, 8).requires_grad_()
+    outs = torch.compile(mixtral_router, backend=pass_backend, fullgraph=True)(x)
+    assert softmax_ops.compile_report().rewrites["softmax_topk_renorm"] == 1
+    (grad,) = torch.autograd.grad(outs[0].sum() + (outs[0] * outs[0]).sum(), x)
+    x_eager = x.detach().clone().requires_grad_()
+    eager_outs = mixtral_router(x_eager)
+    (eager_grad,) = torch.autograd.grad(eager_outs[0].sum() + (eager_outs[0] * eager_outs[0]).sum(), x_eager)
+    torch.testing.assert_close(grad, eager_grad)
+
+
+def test_untouched_graphs_with_func_transforms_or_forward_ad():
+    """Our ops have no forward-AD or batching rules: a rewrite inside torch.func.grad failed to compile, and one
+    inside a dual-level region silently dropped the tangent."""
+    import torch.autograd.forward_ad as fwAD
+
+    def gradient(x):
+        return torch.func.grad(lambda r: r.softmax(-1)[..., 0].sum())(x)
+
+    def tangent(x, t):
+        with fwAD.dual_level():
+            return fwAD.unpack_dual(fwAD.make_dual(x, t).softmax(-1)).tangent
+
+    x, t = logits(4, 8), logits(4, 8, seed=1)
+    torch.testing.assert_close(torch.compile(gradient, backend=pass_backend)(x), gradient(x))
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(tangent, backend=pass_backend)(x, t), tangent(x, t))
+    report = softmax_ops.compile_report()
+    assert sum(report.rewrites.values()) == 0
+    reasons = [reason for _, reason in skip_reasons()]
+    assert len(reasons) == 2 and all("torch.func transform or forward-mode AD" in r for r in reasons), reasons
+
+
 def test_untouched_implicit_dim():
     def fn(x):
         return F.softmax(x, None)

@@ -312,6 +312,41 @@ def test_double_backward_raises_instead_of_a_wrong_result(forward, backward_op, 
         torch.autograd.grad(grad.square().sum(), x)
 
 
+PUBLIC_FORWARDS = {
+    "softmax": lambda t: softmax_ops.softmax(t, -1),
+    "log_softmax": lambda t: softmax_ops.log_softmax(t, -1),
+    "fused_topk": lambda t: softmax_ops.fused_topk(t, 2)[0],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(PUBLIC_FORWARDS))
+def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
+    # The ops have backward formulas only: forward-mode AD dropped the tangent (None) and torch.func.jvp
+    # returned zeros, both without an error.
+    import torch.autograd.forward_ad as forward_ad
+
+    forward = PUBLIC_FORWARDS[op]
+    x = make_input((3, 5), torch.float64, device, seed=19)
+    tangent = make_input((3, 5), torch.float64, device, seed=20)
+    message = f"softmax_ops.{op}: forward-mode AD and torch.func.grad"
+    with forward_ad.dual_level(), pytest.raises(RuntimeError, match=message):
+        forward(forward_ad.make_dual(x, tangent))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(forward, (x,), (tangent,))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.grad(lambda t: forward(t).sum())(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(PUBLIC_FORWARDS))
+def test_vmap_runs_per_sample(op, device):
+    forward = PUBLIC_FORWARDS[op]
+    x = make_input((4, 3, 5), torch.float32, device, seed=21)
+    batched = torch.func.vmap(forward)(x)  # torch's per-sample fallback: no batching rule (it warns once)
+    torch.testing.assert_close(batched, torch.stack([forward(sample) for sample in x]))
+
+
 # ---------------------------------------------------------------------------------------------- opcheck
 
 def opcheck_samples(device):
