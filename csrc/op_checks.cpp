@@ -38,10 +38,17 @@ RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim) {
 
 at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::ScalarType> dtype,
                                     const char* op) {
-  check_floating(self, op, "self");
-  if (!dtype.has_value()) return self.scalar_type();
+  if (!dtype.has_value()) {
+    check_floating(self, op, "self");
+    return self.scalar_type();
+  }
   TORCH_CHECK_TYPE(is_supported_float(*dtype), "softmax_ops.", op,
                    ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
+  // torch casts the input to dtype first, so integer and bool inputs work with a float dtype= too
+  // (torch.softmax(torch.arange(3), 0, dtype=torch.float32)); softmax_kernel_input makes that cast.
+  TORCH_CHECK_TYPE(is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true),
+                   "softmax_ops.", op, ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
+                   "bool tensor with a float dtype=), got ", self.scalar_type());
   return *dtype;
 }
 

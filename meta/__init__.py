@@ -29,14 +29,31 @@ def _wrap_dim(x: torch.Tensor, dim: int, op: str) -> int:
 
 
 def _result_dtype(x: torch.Tensor, dtype: torch.dtype | None, op: str) -> torch.dtype:
-    _check_float(x, op, "self")
     if dtype is None:
+        _check_float(x, op, "self")
         return x.dtype
     torch._check(
         dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: dtype must be float32, float16, bfloat16 or float64, got {dtype}",
     )
+    # The input is cast to dtype first (as torch does), so integer and bool inputs are fine with it.
+    torch._check(
+        x.dtype in _FLOATS or not (x.dtype.is_floating_point or x.dtype.is_complex),
+        lambda: f"softmax_ops.{op}: self must be float32, float16, bfloat16 or float64 (or an integer or bool "
+        f"tensor with a float dtype=), got {x.dtype}",
+    )
     return dtype
+
+
+def _check_same_device(op: str, **tensors: torch.Tensor) -> None:
+    """The real ops refuse tensors on different devices; without this a meta tensor beside a CPU one returned
+    an uninitialised CPU tensor, and fake tracing let a CUDA grad meet a CPU output."""
+    devices = {name: t.device for name, t in tensors.items()}
+    torch._check(
+        len(set(devices.values())) == 1,
+        lambda: f"softmax_ops.{op}: {' and '.join(devices)} must be on the same device, got "
+        f"{' and '.join(str(d) for d in devices.values())}",
+    )
 
 
 @torch.library.register_fake("softmax_ops::softmax")
@@ -56,6 +73,7 @@ def _backward_fake(
 ) -> torch.Tensor:
     _check_float(grad_output, op, "grad_output")
     _check_float(output, op, "output")
+    _check_same_device(op, grad_output=grad_output, output=output)
     torch._check(
         input_dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: input_dtype must be float32, float16, bfloat16 or float64",
@@ -117,6 +135,7 @@ def fused_topk_backward_fake(
 ) -> torch.Tensor:
     _check_float(x, "fused_topk_backward", "self")
     _check_float(grad_values, "fused_topk_backward", "grad_values")
+    _check_same_device("fused_topk_backward", grad_values=grad_values, self=x, values=values, indices=indices)
     torch._check(
         indices.dtype == torch.int64,
         lambda: f"softmax_ops.fused_topk_backward: indices must be int64, got {indices.dtype}",

@@ -262,6 +262,20 @@ def test_fused_topk_non_contiguous(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("k", [256, 1024, 4099])
+def test_fused_topk_renormalized_values_stay_accurate_for_large_k(k, device):
+    # The CPU kernel summed the k probabilities sequentially in float: 2.0e-6 relative error at k = 1024
+    # against torch's 3.6e-7, and all-equal rows of 1000 gave 0.0010000094 for 0.001.
+    x = torch.cat([make_input((16, 4099), torch.float32, device, seed=22), torch.zeros(2, 4099, device=device)])
+    values, _ = softmax_ops.fused_topk(x, k, -1, True)
+    probabilities = torch.topk(torch.softmax(x, -1), k, -1).values
+    torch_own = probabilities / probabilities.sum(-1, keepdim=True)
+    reference, _ = topk_reference(x, k, -1, True)
+    # Relative to each value: the values span orders of magnitude, an absolute bound would hide the drift.
+    assert_within_2x_torch(values / reference.to(device), torch_own / reference.to(device), torch.ones_like(reference))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("renormalize", [False, True])
 def test_fused_topk_gradcheck(renormalize, device):
     # Well-separated logits so that the finite-difference steps never change the selection.
@@ -419,6 +433,37 @@ def test_bad_inputs_raise_clear_errors(device):
     x.requires_grad_(True)
     with pytest.raises(RuntimeError, match="grad"):
         softmax_ops.softmax(x, -1).backward(torch.ones(4, 7, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("in_dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+def test_integer_and_bool_inputs_with_a_float_dtype_match_torch(in_dtype, device):
+    # torch casts the input to dtype= first, so torch.softmax(ints, dim, dtype=torch.float32) works.
+    x = (torch.arange(24, device=device).reshape(4, 6) % 5).to(in_dtype)
+    for ours, theirs in [(softmax_ops.softmax, torch.softmax), (softmax_ops.log_softmax, torch.log_softmax)]:
+        for dtype in (torch.float32, torch.float64):
+            torch.testing.assert_close(ours(x, -1, dtype=dtype), theirs(x, -1, dtype=dtype))
+    values, indices = softmax_ops.fused_topk(x, 2, dtype=torch.float32)
+    expected = torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2)
+    torch.testing.assert_close(values, expected.values)
+    # Rows of x tie (x % 5 repeats); the contract's order among equal logits is the lower index first.
+    reference = torch.sort(x.to(torch.float64), dim=-1, descending=True, stable=True).indices[:, :2]
+    assert torch.equal(indices, reference)
+    with pytest.raises(TypeError, match="self must be float"):
+        softmax_ops.softmax(x, -1)
+
+
+def test_backward_ops_refuse_a_meta_tensor_beside_a_real_one():
+    # The fake impl ran for the meta tensor and returned an uninitialised CPU tensor; torch raises.
+    y = torch.softmax(torch.randn(4, 8), -1)
+    grad = torch.ones(4, 8, device="meta")
+    for op in (torch.ops.softmax_ops.softmax_backward, torch.ops.softmax_ops.log_softmax_backward):
+        with pytest.raises(RuntimeError, match="grad_output and output must be on the same device"):
+            op(grad, y, -1, torch.float32)
+    x = torch.randn(4, 8)
+    values, indices = softmax_ops.fused_topk(x, 3)
+    with pytest.raises(RuntimeError, match="must be on the same device"):
+        torch.ops.softmax_ops.fused_topk_backward(torch.ones(4, 3, device="meta"), x, values, indices, -1, False)
 
 
 def test_fake_topk_backward_checks_indices_against_self():

@@ -138,13 +138,16 @@ void select_topk_by_partition(const In* x, int64_t n, int64_t k, std::vector<uin
 }
 
 // Rows [begin, end): values = softmax(x)[top-k] (sorted), optionally divided by their sum.
-// The probabilities are exp(x - m) / s exactly as softmax_rows computes them; renormalisation sums the k
-// un-rounded probabilities in the compute type and rounds each quotient once, which equals torch's
-// `v / v.sum(dim, keepdim=True)` on `v = topk(softmax(x)).values` up to rounding.
+// The probabilities are exp(x - m) / s exactly as softmax_rows computes them. Renormalised values are the
+// softmax of the k selected logits, exp(x - m) / sum over the k, with that sum in a wider type (Wide): a
+// sequential float sum of k terms drifted with k (k = 1024 on random rows: 2.0e-6 relative error against
+// torch's 3.6e-7 for `v / v.sum(dim, keepdim=True)`, whose sum is pairwise), and the row's own sum is not
+// needed at all.
 template <typename In, typename Out>
 SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int64_t* indices, int64_t n,
                                                   int64_t k, bool renormalize, int64_t begin, int64_t end) {
   using Acc = acc_type<In>;
+  using Wide = std::conditional_t<std::is_same_v<Acc, float>, double, long double>;
   std::vector<Acc> probs(k);
   std::vector<uint64_t> scratch;
   for (int64_t row = begin; row < end; ++row) {
@@ -154,14 +157,20 @@ SOFTMAX_OPS_CPU_MULTIVERSION void fused_topk_rows(const In* x, Out* values, int6
       select_topk_by_partition<Acc>(xr, n, k, scratch, idx);
     }
     const Acc m = row_max(xr, n);
-    const Acc inv_sum = Acc(1) / row_sum_exp(xr, m, n);
-    Acc total = 0;
-    for (int64_t j = 0; j < k; ++j) {
-      probs[j] = fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum;
-      total += probs[j];
-    }
     Out* vr = values + row * k;
-    for (int64_t j = 0; j < k; ++j) vr[j] = from_acc<Out>(renormalize ? probs[j] / total : probs[j]);
+    if (renormalize) {
+      // m is also the largest selected logit; a NaN or +inf in the row (m NaN or inf) or an all -inf row
+      // make every exp(x - m) NaN, as torch's softmax does before its topk.
+      Wide total = 0;
+      for (int64_t j = 0; j < k; ++j) {
+        probs[j] = fast_exp(to_acc<Acc>(xr[idx[j]]) - m);
+        total += probs[j];
+      }
+      for (int64_t j = 0; j < k; ++j) vr[j] = from_acc<Out>(static_cast<Acc>(probs[j] / total));
+      continue;
+    }
+    const Acc inv_sum = Acc(1) / row_sum_exp(xr, m, n);
+    for (int64_t j = 0; j < k; ++j) vr[j] = from_acc<Out>(fast_exp(to_acc<Acc>(xr[idx[j]]) - m) * inv_sum);
   }
 }
 
