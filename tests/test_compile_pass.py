@@ -618,6 +618,28 @@ def test_untouched_topk_patterns_whose_saved_tensors_a_training_graph_writes_in_
     torch.testing.assert_close(grad, eager_grad)
 
 
+def test_in_place_writes_before_the_pattern_or_into_other_tensors_do_not_block_fusion():
+    def fn(x):
+        h = x * 2
+        h.add_(1)  # before the pattern: the fused op reads h after it, as softmax did
+        weights, selected = torch.topk(torch.softmax(h, -1), 2)
+        shifted = h.clone()
+        shifted[:, 0] = 0.0  # a copy of the logits, not a view
+        expert = selected * 1
+        expert += 3  # a tensor computed from the indices
+        return weights, expert, shifted
+
+    x = logits(4, 8).requires_grad_()
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    assert softmax_ops.compile_report().rewrites["softmax_topk"] == 1
+    (grad,) = torch.autograd.grad(outs[0].sum() + (outs[0] * outs[0]).sum(), x)
+    x_eager = x.detach().clone().requires_grad_()
+    eager_outs = fn(x_eager)
+    (eager_grad,) = torch.autograd.grad(eager_outs[0].sum() + (eager_outs[0] * eager_outs[0]).sum(), x_eager)
+    assert torch.equal(outs[1], eager_outs[1])
+    torch.testing.assert_close(grad, eager_grad)
+
+
 def test_in_place_writes_do_not_block_fusion_without_gradients():
     rewritten_graph(router_mutating_values, logits(4, 8))
     assert softmax_ops.compile_report().rewrites["softmax_topk"] == 1
