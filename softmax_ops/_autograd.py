@@ -30,7 +30,9 @@ def _fused_topk_setup(ctx, inputs, output) -> None:
     values, indices = output
     ctx.dim = dim
     ctx.renormalize = renormalize
-    ctx.save_for_backward(x, values, indices)
+    # A private copy of the values (k per row): callers write into returned router weights in place (a scale,
+    # a renormalisation with an epsilon), which torch's topk allows, since it saves only its indices.
+    ctx.save_for_backward(x, values.detach().clone(), indices)
 
 
 def _fused_topk_backward(ctx, grad_values, _grad_indices):

@@ -12,7 +12,7 @@ A candidate is rewritten only when the result is provably the same: value on an 
 tensor of a supported dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a
 static int k, no other reader of an intermediate that disappears, no grad-mode switch inside a fused
 pattern, a topk_softmax ``dtype=`` that only widens the logits, and, where the graph records gradients, no
-later in-place write into the logits or the top-k values (fused_topk saves both; _mutations.py). A graph
+later in-place write into the logits (fused_topk saves them; _mutations.py). A graph
 holding a torch.func transform or a forward-mode AD region is left alone entirely. Every candidate left
 alone is reported with the reason.
 
@@ -179,8 +179,8 @@ def _keeps_order(source: torch.dtype, target: torch.dtype) -> bool:
 
 
 def _saved_tensor_written(mutation: Node) -> str:
-    return (f"{mutation.name} writes in place into the logits or the top-k values in a graph that records "
-            "gradients, and fused_topk saves both for its backward (torch's ops save neither)")
+    return (f"{mutation.name} writes in place into the logits in a graph that records gradients, and "
+            "fused_topk saves them for its backward (torch's softmax saves its output instead)")
 
 
 def _records_grad(value: object) -> bool:
@@ -354,9 +354,7 @@ class _GraphRewriter:
             return
         renorm = self._renormalisation(topk, dim, rank)
         if _records_grad(node_value(topk.node)):
-            values = [user for user in topk.node.users if getitem_index(user) == 0]
-            fused_away = [renorm[0].node, renorm[1].node] if renorm else []
-            mutation = first_mutation([call.input, *values, *fused_away[:1]], call.node, ignore=fused_away)
+            mutation = first_mutation([call.input], call.node)
             if mutation is not None:
                 self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
                 return
@@ -405,7 +403,7 @@ class _GraphRewriter:
             problem = (f"softmax dtype={dtype} of {logits.dtype} topk values: topk ranked the {logits.dtype} "
                        "logits, fused_topk would rank them after the cast")
         if problem is None and _records_grad(node_value(call.node)):
-            mutation = first_mutation([topk.input, *values_nodes, call.node], topk.node)
+            mutation = first_mutation([topk.input], topk.node)
             if mutation is not None:
                 problem = _saved_tensor_written(mutation)
         if problem:

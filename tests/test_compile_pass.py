@@ -581,40 +581,68 @@ def test_topk_softmax_whose_dtype_widens_the_logits_is_fused():
 def router_mutating_values(x):
     weights, selected = x.softmax(-1).topk(2)
     weights /= weights.sum(-1, keepdim=True) + 1e-20  # the epsilon keeps it from fusing as a renormalisation
+    weights.mul_(2.5)
     return weights, selected
 
 
-def router_mutating_logits(x):
-    h = x * 2
-    weights, selected = h.topk(2)
-    probabilities = weights.softmax(-1)
-    h.add_(1)
-    return probabilities, selected, h
+def logits_written_by(write):
+    """A router whose logits ``write`` modifies in place after both top-k patterns read them."""
+
+    def router(x):
+        h = x * 2
+        weights, selected = torch.topk(torch.softmax(h, -1), 2)
+        top_logits, chosen = h.topk(3)
+        probabilities = top_logits.softmax(-1)
+        write(h)
+        return weights, probabilities, selected, chosen, h
+
+    return router
 
 
-def router_mutating_a_view_of_the_logits(x):
-    h = x * 2
-    weights, selected = torch.topk(torch.softmax(h, -1), 2)
-    h.view(-1)[0] = 5.0
-    return weights, selected, h
+LOGIT_WRITES = {
+    "method": lambda h: h.add_(1),
+    "through_a_view": lambda h: h.view(-1).__setitem__(0, 5.0),
+    "dunder": lambda h: h.__imul__(3),
+    "data": lambda h: h.data.mul_(2),  # bumps no version counter: gradients would be silently wrong
+    "inplace_by_position": lambda h: F.leaky_relu(h, 0.1, True),
+    "aten_overload": lambda h: torch.ops.aten.add_.Tensor(h, torch.ones_like(h)),
+    "foreach": lambda h: torch._foreach_mul_([h], 2.0),
+    "to_same_dtype": lambda h: h.to(torch.float32).sub_(1),
+}
 
 
-@pytest.mark.parametrize("fn", [router_mutating_values, router_mutating_logits, router_mutating_a_view_of_the_logits])
-def test_untouched_topk_patterns_whose_saved_tensors_a_training_graph_writes_in_place(fn):
-    """fused_topk saves the logits and the values for its backward; torch's softmax and topk save neither, so
-    an in-place write after them is legal in eager and must stay legal compiled (autograd would refuse the
-    fused op's backward)."""
+@pytest.mark.parametrize("write", list(LOGIT_WRITES))
+def test_untouched_topk_patterns_whose_logits_a_training_graph_writes_in_place(write):
+    """fused_topk saves the logits for its backward, where torch's softmax saves its output: an in-place write
+    into the logits after the pattern is legal in eager and must stay legal compiled (autograd would refuse
+    the fused op's backward, or, through .data, silently use the new logits)."""
+    fn = logits_written_by(LOGIT_WRITES[write])
     x = logits(4, 8).requires_grad_()
-    compiled = torch.compile(fn, backend=pass_backend, fullgraph=True)
-    outs = compiled(x)
-    (grad,) = torch.autograd.grad(outs[0].sum(), x)
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    (grad,) = torch.autograd.grad(outs[0].sum() + outs[1].square().sum(), x)
     reasons = [reason for _, reason in skip_reasons()]
-    assert len(reasons) == 1 and "writes in place into the logits or the top-k values" in reasons[0], reasons
+    assert len(reasons) == 2 and all("writes in place into the logits" in r for r in reasons), reasons
     x_eager = x.detach().clone().requires_grad_()
     eager_outs = fn(x_eager)
-    (eager_grad,) = torch.autograd.grad(eager_outs[0].sum(), x_eager)
+    (eager_grad,) = torch.autograd.grad(eager_outs[0].sum() + eager_outs[1].square().sum(), x_eager)
     for ours, theirs in zip(outs, eager_outs):
         torch.testing.assert_close(ours, theirs)
+    torch.testing.assert_close(grad, eager_grad)
+
+
+def test_in_place_writes_into_the_values_keep_the_fusion_in_training():
+    """fused_topk saves a copy of its values, so writing into them (in the graph or by the caller) is fine."""
+    x = logits(4, 8).requires_grad_()
+    compiled = torch.compile(router_mutating_values, backend=pass_backend, fullgraph=True)
+    weights, _ = compiled(x)
+    assert softmax_ops.compile_report().rewrites["softmax_topk"] == 1
+    weights.mul_(0.5)  # the caller scales the returned weights in place
+    (grad,) = torch.autograd.grad(weights.square().sum(), x)
+    x_eager = x.detach().clone().requires_grad_()
+    eager_weights, _ = router_mutating_values(x_eager)
+    eager_weights.mul_(0.5)
+    (eager_grad,) = torch.autograd.grad(eager_weights.square().sum(), x_eager)
+    torch.testing.assert_close(weights, eager_weights)
     torch.testing.assert_close(grad, eager_grad)
 
 
