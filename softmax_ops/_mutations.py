@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import inspect
 import operator
-from collections.abc import Iterable
-
 import torch
 from torch.fx import Node
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -74,7 +72,7 @@ def _first_tensor_arg(node: Node) -> Node | None:
 
 def _may_view_by_name(node: Node) -> bool:
     """Whether ``node``'s result may share storage with its first tensor argument, judged by its name."""
-    if node.op not in ("call_method", "call_function") or _first_tensor_arg(node) is None:
+    if node.op not in ("call_method", "call_function"):
         return False
     if node.target is operator.getitem or node.target is getattr:
         return True  # tensor indexing, a piece of split()/unbind(), x.T
@@ -163,12 +161,10 @@ def written_nodes(node: Node) -> list[Node]:
     return written
 
 
-def first_mutation(tensors: Iterable[Node], after: Node) -> Node | None:
-    """The first node after ``after`` (in graph order) that writes into one of ``tensors`` or a tensor sharing
-    storage with one of them; None when there is none."""
-    group: set[Node] = set()
-    for tensor in tensors:
-        group |= alias_group(tensor)
+def first_mutation(tensor: Node, after: Node) -> Node | None:
+    """The first node after ``after`` (in graph order) that writes into ``tensor`` or a tensor sharing its
+    storage; None when there is none."""
+    group = alias_group(tensor)
     node = after.next
     while node.op != "root":
         if any(target in group for target in written_nodes(node)):

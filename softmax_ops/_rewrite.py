@@ -354,7 +354,7 @@ class _GraphRewriter:
             return
         renorm = self._renormalisation(topk, dim, rank)
         if _records_grad(node_value(topk.node)):
-            mutation = first_mutation([call.input], call.node)
+            mutation = first_mutation(call.input, call.node)
             if mutation is not None:
                 self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
                 return
@@ -403,7 +403,7 @@ class _GraphRewriter:
             problem = (f"softmax dtype={dtype} of {logits.dtype} topk values: topk ranked the {logits.dtype} "
                        "logits, fused_topk would rank them after the cast")
         if problem is None and _records_grad(node_value(call.node)):
-            mutation = first_mutation([topk.input], topk.node)
+            mutation = first_mutation(topk.input, topk.node)
             if mutation is not None:
                 problem = _saved_tensor_written(mutation)
         if problem:
