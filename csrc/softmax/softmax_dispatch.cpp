@@ -46,6 +46,17 @@ struct Heuristics {
   // 65536 x 60 -14%, 16384 x 64 -10%; 16384 x 128 / 160 +2% / -1%, within the noise. One pack per lane lost up
   // to 25% (log_softmax 65536 x 96).
   static constexpr int kWarpShortRowPacksFloat = 2;
+  // 16-bit forward rows of 13-16 whole packs (104-128 columns): 2 packs per lane on 8 lanes, not 4 on 4. H100,
+  // session 24 call 2, three rounds in turns (*session24-c2-compare-mid-rows.txt*, us means, 4 -> 2 packs per
+  // lane, fp16 / bf16): softmax 16384 x 128 9.2 -> 7.9 / 8.9 -> 8.2, 256 x 128 -6 / -8%, 131072 x 128 -4 / -2%;
+  // log_softmax 16384 x 128 -10 / -4%, 256 x 128 -2 / -8%; 32768 x 112, 1024 x 120, 4096 x 128 and 65536 x 128
+  // within +-5%, mixed; 2048 x 128 +7 / -1% (new rounds 5.5, 5.5, 8.3 us against 6.3, 6.2, 5.6), log_softmax +3 /
+  // +4%. Call 1 agreed on 16384 x 128 (-11 / -7%, log_softmax -4 / -4%). Rows of 9-12 packs lost
+  // (log_softmax 16384 x 72 +14 / +8%, 65536 x 80 +5 / +8%: 8 lanes holding 1-2 packs each pay a third level of
+  // (max, sum) merges) and keep 4; so did 20 packs (16384 x 160 softmax +10 / +4%, call 1).
+  static constexpr int64_t kWarpFullRowMinPacks16 = 13;
+  static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
+  static constexpr int kWarpFullRowPacks16 = 2;
 
   // block kernel: every thread caches the most register packs it can (max_block_reg_packs), and the CTA
   // has just enough threads for the row; beyond kSharedCtaMaxThreads the rest goes to shared memory. An
@@ -260,8 +271,11 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
     // so a warp holds several rows. One pack per lane (the first version) put only 512 bytes per warp in
     // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
+    const bool full_16bit_row = g.in_bytes == 2 && !g.peel && g.n_packs >= Heuristics::kWarpFullRowMinPacks16 &&
+                                g.n_packs <= Heuristics::kWarpFullRowMaxPacks16;
     const int short_packs = g.streams == 2    ? Heuristics::kWarpShortRowPacksBackward
                             : g.in_bytes == 4 ? Heuristics::kWarpShortRowPacksFloat
+                            : full_16bit_row  ? Heuristics::kWarpFullRowPacks16
                                               : Heuristics::kWarpShortRowPacks;
     plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
     plan.lanes_per_row = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.reg_packs)));
