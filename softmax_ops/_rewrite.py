@@ -10,9 +10,10 @@ Patterns (the names are the report's keys):
 The last one is exact because the renormalised top-k probabilities are the softmax of the k selected logits.
 A candidate is rewritten only when the result is provably the same: value on an enabled device, plain
 tensor of a supported dtype, the same (wrapped) dim everywhere, topk largest=True and sorted=True with a
-static int k, no other reader of an intermediate that disappears, no grad-mode switch inside a fused
-pattern, a topk_softmax ``dtype=`` that only widens the logits, and, where the graph records gradients, no
-later in-place write into the logits (fused_topk saves them; _mutations.py). A graph
+static int k, no other reader of an intermediate that disappears (a softmax output may keep users that read
+only its shape, such as HF Mixtral's ``zeros_like(probs).scatter_(...)``: _metadata_uses.py), no grad-mode
+switch inside a fused pattern, a topk_softmax ``dtype=`` that only widens the logits, and, where the graph
+records gradients, no later in-place write into the logits (fused_topk saves them; _mutations.py). A graph
 holding a torch.func transform or a forward-mode AD region is left alone entirely. Every candidate left
 alone is reported with the reason.
 
@@ -37,6 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Graph, Node
 
+from softmax_ops._metadata_uses import read_metadata_from, reads_only_metadata
 from softmax_ops._mutations import first_mutation
 from softmax_ops._patterns import (
     SUPPORTED_DTYPES,
@@ -343,7 +345,7 @@ class _GraphRewriter:
         dim = wrap_dim(call.dim, rank)
         if call.kind != "softmax":
             problem = "log_softmax feeds topk (no fused log form)"
-        elif set(call.node.users) != {topk.node}:
+        elif not all(user is topk.node or reads_only_metadata(user, call.node) for user in call.node.users):
             problem = "softmax output also used elsewhere"
         else:
             problem = self._topk_problem(topk, rank, dim)
@@ -358,6 +360,10 @@ class _GraphRewriter:
             if mutation is not None:
                 self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
                 return
+        # zeros_like(probs) and the like (HF Mixtral's routing matrix) take the logits' shape instead.
+        for user in list(call.node.users):
+            if user is not topk.node:
+                read_metadata_from(user, call.input, tensor_meta(call.node).dtype)
         # Inserted where the softmax was, so the logits are read at the same point of the program as before.
         fused = self._insert(
             call.node,

@@ -389,6 +389,66 @@ return (getitem, getitem_1, sum_1)""",
     assert skip_reasons() == [("softmax_topk", "softmax output also used elsewhere")]
 
 
+def test_graph_softmax_topk_whose_probabilities_also_give_a_shape():
+    """HF Mixtral's zeros_like(probs).scatter_(...) reads only the probabilities' shape: the pattern is fused
+    and zeros_like takes the logits, with the probabilities' dtype and (contiguous) layout made explicit."""
+    assert_expected_inline(
+        rewritten_graph(mixtral_dense_router, logits(4, 8, dtype=torch.bfloat16)),
+        """\
+inputs: l_x_
+float_1 = l_x_.float()
+fused_topk_default = softmax_ops.fused_topk.default(float_1, 2, -1, True, None)
+top_weights = fused_topk_default[0]
+selected = fused_topk_default[1]
+zeros_like = torch.zeros_like(float_1, dtype=torch.float32, memory_format=torch.contiguous_format)
+scatter_ = zeros_like.scatter_(1, selected, top_weights)
+return (scatter_, selected)""",
+    )
+    assert skip_reasons() == []
+
+
+def shape_only_uses(x):
+    """Every call that reads only the probabilities' metadata, with and without their own dtype / layout."""
+    p = torch.softmax(x, -1, dtype=torch.float32)
+    values, selected = torch.topk(p, 2)
+    return (values, selected, torch.zeros_like(p), torch.ones_like(p, dtype=torch.float64), torch.empty_like(p),
+            torch.full_like(p, 2.5, memory_format=torch.preserve_format), p.new_zeros(3), p.new_ones((2, 2)),
+            p.new_empty(4), p.new_full((5,), 7, dtype=torch.int32))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "offset"])
+def test_shape_only_users_of_fused_probabilities_match_eager(layout):
+    x = logits(6, 8, dtype=torch.bfloat16, seed=5)
+    if layout == "transposed":  # column-major storage, the same rows
+        x = x.t().contiguous().t()
+    elif layout == "offset":  # starts one element into its buffer
+        x = torch.empty(49, dtype=x.dtype, device=x.device)[1:].view(6, 8).copy_(x)
+    outs = torch.compile(shape_only_uses, backend=pass_backend, fullgraph=True)(x)
+    assert softmax_ops.compile_report().rewrites["softmax_topk"] == 1 and skip_reasons() == []
+    for index, (ours, theirs) in enumerate(zip(outs, shape_only_uses(x))):
+        assert (ours.shape, ours.dtype, ours.device, ours.requires_grad) == (
+            theirs.shape, theirs.dtype, theirs.device, theirs.requires_grad), index
+        assert ours.stride() == theirs.stride(), index
+        if index == 0:  # the top-k probabilities: fused_topk's own rounding
+            torch.testing.assert_close(ours, theirs)
+        elif index not in (4, 8):  # empty_like / new_empty: values unspecified
+            torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("other_use", [
+    lambda p: torch.zeros_like(p) + p,             # zeros_like itself is fine, the add reads the values
+    lambda p: torch.full_like(p, 0).add_(p),
+    lambda p: p.new_zeros(p.shape[0]).index_add_(0, torch.arange(2, device=p.device), p[:2, 0]),
+])
+def test_untouched_when_probabilities_are_also_read(other_use):
+    def fn(x):
+        p = x.softmax(-1)
+        return torch.topk(p, 2), other_use(p)
+
+    torch.compile(fn, backend=pass_backend, fullgraph=True)(logits(4, 8))
+    assert skip_reasons() == [("softmax_topk", "softmax output also used elsewhere")]
+
+
 def test_untouched_renorm_over_other_dim():
     def fn(x):
         values, selected = torch.topk(x.softmax(-1), 2)
@@ -736,6 +796,15 @@ def mistral_router(x):
     return F.softmax(weights, dim=1, dtype=torch.float).to(x.dtype), selected
 
 
+def mixtral_dense_router(x):
+    """HF Transformers' Mixtral router today: the renormalised top-k weights scattered into a dense routing matrix
+    allocated with zeros_like of the probabilities."""
+    weights = F.softmax(x.float(), dim=-1)
+    top_weights, selected = torch.topk(weights, 2, dim=-1)
+    top_weights /= top_weights.sum(dim=-1, keepdim=True)
+    return torch.zeros_like(weights).scatter_(1, selected, top_weights), selected
+
+
 def plain_softmax(x):
     return (x.softmax(-1),)
 
@@ -744,19 +813,21 @@ def plain_log_softmax(x):
     return (F.log_softmax(x, dim=0),)
 
 
+# case -> (the pattern it rewrites, the function)
 PATTERN_FUNCTIONS = {
-    "softmax": plain_softmax,
-    "log_softmax": plain_log_softmax,
-    "softmax_topk": qwen_router,
-    "softmax_topk_renorm": mixtral_router,
-    "topk_softmax": mistral_router,
+    "softmax": ("softmax", plain_softmax),
+    "log_softmax": ("log_softmax", plain_log_softmax),
+    "softmax_topk": ("softmax_topk", qwen_router),
+    "softmax_topk_renorm": ("softmax_topk_renorm", mixtral_router),
+    "softmax_topk_renorm_dense": ("softmax_topk_renorm", mixtral_dense_router),
+    "topk_softmax": ("topk_softmax", mistral_router),
 }
 
 
 @pytest.mark.parametrize("dtype", NUMERIC_DTYPES)
-@pytest.mark.parametrize("pattern", list(PATTERN_FUNCTIONS))
-def test_numerics_match_eager_forward_and_backward(pattern, dtype):
-    fn = PATTERN_FUNCTIONS[pattern]
+@pytest.mark.parametrize("case", list(PATTERN_FUNCTIONS))
+def test_numerics_match_eager_forward_and_backward(case, dtype):
+    pattern, fn = PATTERN_FUNCTIONS[case]
     x = logits(6, 16, dtype=dtype, seed=3).requires_grad_()
     compiled = torch.compile(fn, backend=pass_backend, fullgraph=True)
 
@@ -937,6 +1008,9 @@ class MoE(nn.Module):
             weights = F.softmax(router_logits, dim=1, dtype=torch.float)
             weights, selected = torch.topk(weights, self.top_k, dim=-1)
             weights /= weights.sum(dim=-1, keepdim=True)
+        elif self.router == "mixtral_dense":  # HF Mixtral today: the weights scattered into a routing matrix
+            scores, selected = mixtral_dense_router(router_logits)
+            weights = scores.gather(1, selected)
         elif self.router == "qwen":  # Qwen2-MoE with norm_topk_prob=False: no renormalisation
             weights = F.softmax(router_logits, dim=1, dtype=torch.float)
             weights, selected = torch.topk(weights, self.top_k, dim=-1)
@@ -958,7 +1032,8 @@ class TinyMoELM(nn.Module):
         super().__init__()
         self.embed = nn.Embedding(vocab, hidden)
         self.attention = Attention(hidden)
-        self.moe = nn.ModuleList(MoE(hidden, experts, router) for router in ("mixtral", "qwen", "mistral"))
+        routers = ("mixtral", "mixtral_dense", "qwen", "mistral")
+        self.moe = nn.ModuleList(MoE(hidden, experts, router) for router in routers)
         self.lm_head = nn.Linear(hidden, vocab, bias=False)
 
     def forward(self, tokens, targets):
@@ -996,10 +1071,12 @@ def test_moe_language_model_inductor_fullgraph_dynamic_training(no_compile_cache
     torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=1e-5)
     for ours, theirs in zip(grads, eager_grads):
         torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)
-    # Every pattern once per pass run (torch may trace a dynamic-shape graph more than once).
+    # Every pattern once per pass run (torch may trace a dynamic-shape graph more than once), the renormalised
+    # top-k twice (the two Mixtral routers).
     report = softmax_ops.compile_report()
     assert report.graphs_seen >= 1
-    assert report.rewrites == dict.fromkeys(report.rewrites, report.graphs_seen)
+    per_graph = {**dict.fromkeys(report.rewrites, 1), "softmax_topk_renorm": 2}
+    assert report.rewrites == {pattern: count * report.graphs_seen for pattern, count in per_graph.items()}
     assert report.skipped == []
 
     # A different number of tokens reuses the dynamic graph.
