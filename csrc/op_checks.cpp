@@ -8,12 +8,14 @@
 
 namespace softmax_ops {
 
+// Unsupported dtypes raise NotImplementedError (a RuntimeError), as torch's own softmax does ("not implemented
+// for 'Long'"): code that catches torch's error catches ours.
 static bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
 }
 
 void check_floating(const at::Tensor& t, const char* op, const char* arg) {
-  TORCH_CHECK_TYPE(is_supported_float(t.scalar_type()), "softmax_ops.", op, ": ", arg,
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(t.scalar_type()), "softmax_ops.", op, ": ", arg,
                    " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
 }
 
@@ -42,11 +44,11 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
     check_floating(self, op, "self");
     return self.scalar_type();
   }
-  TORCH_CHECK_TYPE(is_supported_float(*dtype), "softmax_ops.", op,
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(*dtype), "softmax_ops.", op,
                    ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
   // torch casts the input to dtype first, so integer and bool inputs work with a float dtype= too
   // (torch.softmax(torch.arange(3), 0, dtype=torch.float32)); softmax_kernel_input makes that cast.
-  TORCH_CHECK_TYPE(is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true),
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true),
                    "softmax_ops.", op, ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
                    "bool tensor with a float dtype=), got ", self.scalar_type());
   return *dtype;
@@ -71,7 +73,7 @@ void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor
                                  at::ScalarType input_dtype, const char* op) {
   check_floating(grad_output, op, "grad_output");
   check_floating(output, op, "output");
-  TORCH_CHECK_TYPE(is_supported_float(input_dtype), "softmax_ops.", op,
+  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(input_dtype), "softmax_ops.", op,
                    ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
   TORCH_CHECK(grad_output.device() == output.device(), "softmax_ops.", op,
               ": grad_output and output must be on the same device, got ", grad_output.device().str(), " and ",
@@ -84,7 +86,7 @@ void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& s
                               const at::Tensor& indices, int64_t wrapped_dim) {
   check_floating(self, "fused_topk_backward", "self");
   check_floating(grad_values, "fused_topk_backward", "grad_values");
-  TORCH_CHECK_TYPE(indices.scalar_type() == at::kLong,
+  TORCH_CHECK(indices.scalar_type() == at::kLong,
                    "softmax_ops.fused_topk_backward: indices must be int64, got ", indices.scalar_type());
   for (const at::Tensor* t : {&grad_values, &values, &indices}) {
     TORCH_CHECK(t->device() == self.device(),

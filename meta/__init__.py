@@ -12,7 +12,8 @@ _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _check_float(t: torch.Tensor, op: str, arg: str) -> None:
-    torch._check(
+    # NotImplementedError, as the real ops and torch's own softmax raise for an unsupported dtype.
+    torch._check_not_implemented(
         t.dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: {arg} must be float32, float16, bfloat16 or float64, got {t.dtype}",
     )
@@ -32,12 +33,12 @@ def _result_dtype(x: torch.Tensor, dtype: torch.dtype | None, op: str) -> torch.
     if dtype is None:
         _check_float(x, op, "self")
         return x.dtype
-    torch._check(
+    torch._check_not_implemented(
         dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: dtype must be float32, float16, bfloat16 or float64, got {dtype}",
     )
     # The input is cast to dtype first (as torch does), so integer and bool inputs are fine with it.
-    torch._check(
+    torch._check_not_implemented(
         x.dtype in _FLOATS or not (x.dtype.is_floating_point or x.dtype.is_complex),
         lambda: f"softmax_ops.{op}: self must be float32, float16, bfloat16 or float64 (or an integer or bool "
         f"tensor with a float dtype=), got {x.dtype}",
@@ -74,7 +75,7 @@ def _backward_fake(
     _check_float(grad_output, op, "grad_output")
     _check_float(output, op, "output")
     _check_same_device(op, grad_output=grad_output, output=output)
-    torch._check(
+    torch._check_not_implemented(
         input_dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: input_dtype must be float32, float16, bfloat16 or float64",
     )

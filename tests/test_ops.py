@@ -408,9 +408,10 @@ def test_opcheck_every_op(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_inputs_raise_clear_errors(device):
     x = torch.randn(4, 8, device=device)
-    with pytest.raises(TypeError, match="self must be float"):
+    # Unsupported dtypes: NotImplementedError (a RuntimeError), the class torch's own softmax raises.
+    with pytest.raises(NotImplementedError, match="self must be float"):
         softmax_ops.softmax(torch.arange(8, device=device), -1)
-    with pytest.raises(TypeError, match="dtype must be float"):
+    with pytest.raises(NotImplementedError, match="dtype must be float"):
         softmax_ops.softmax(x, -1, dtype=torch.int32)
     with pytest.raises(IndexError, match="dim"):
         softmax_ops.log_softmax(x, 2)
@@ -420,7 +421,7 @@ def test_bad_inputs_raise_clear_errors(device):
         softmax_ops.fused_topk(x, 0)
     with pytest.raises(ValueError, match="k"):
         softmax_ops.fused_topk(x, 9)
-    with pytest.raises(TypeError, match="self must be float"):
+    with pytest.raises(NotImplementedError, match="self must be float"):
         softmax_ops.fused_topk(torch.ones(4, 8, dtype=torch.int64, device=device), 2)
     y = torch.softmax(x, -1)
     with pytest.raises(ValueError, match="grad_output shape"):
@@ -449,8 +450,33 @@ def test_integer_and_bool_inputs_with_a_float_dtype_match_torch(in_dtype, device
     # Rows of x tie (x % 5 repeats); the contract's order among equal logits is the lower index first.
     reference = torch.sort(x.to(torch.float64), dim=-1, descending=True, stable=True).indices[:, :2]
     assert torch.equal(indices, reference)
-    with pytest.raises(TypeError, match="self must be float"):
+    with pytest.raises(NotImplementedError, match="self must be float"):
         softmax_ops.softmax(x, -1)
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", ["integer self", "integer dtype", "complex self", "integer backward"])
+def test_unsupported_dtypes_raise_the_error_class_torch_raises(case, device):
+    """torch raises NotImplementedError ("not implemented for 'Long'") for a softmax of an unsupported dtype;
+    the real ops and the fake implementations (device "meta", what torch.compile traces with) raise the same
+    class, so code catching torch's error (or RuntimeError, its base) catches ours."""
+    floats = torch.randn(4, 8, device=device)
+    calls = {
+        "integer self": (lambda: torch.softmax(torch.arange(8, device=device), -1),
+                         lambda: softmax_ops.softmax(torch.arange(8, device=device), -1)),
+        "integer dtype": (lambda: torch.log_softmax(floats, -1, dtype=torch.int32),
+                          lambda: softmax_ops.log_softmax(floats, -1, dtype=torch.int32)),
+        "complex self": (lambda: torch.softmax(floats.to(torch.complex64), -1),
+                         lambda: softmax_ops.fused_topk(floats.to(torch.complex64), 2)),
+        "integer backward": (None,
+                             lambda: torch.ops.softmax_ops.softmax_backward(floats, floats, -1, torch.int64)),
+    }
+    theirs, ours = calls[case]
+    if theirs is not None and device != "meta":
+        with pytest.raises(NotImplementedError):
+            theirs()
+    with pytest.raises(NotImplementedError, match="softmax_ops"):
+        ours()
 
 
 def test_backward_ops_refuse_a_meta_tensor_beside_a_real_one():

@@ -31,7 +31,7 @@ void dispatch_floating(at::ScalarType dtype, Fn&& fn) {
     case at::kBFloat16:
       return fn(TypeTag<c10::BFloat16>{});
     default:
-      TORCH_CHECK_TYPE(false, "softmax_ops (CPU): unsupported dtype ", dtype);
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "softmax_ops (CPU): unsupported dtype ", dtype);
   }
 }
 

@@ -23,7 +23,7 @@ inline DType require_dtype_tag(c10::ScalarType type, const char* who) {
     case c10::ScalarType::Double:
       return DType::kFloat64;
     default:
-      TORCH_CHECK_TYPE(false, who, ": dtype must be float32, float16, bfloat16 or float64, got ", type);
+      TORCH_CHECK_NOT_IMPLEMENTED(false, who, ": dtype must be float32, float16, bfloat16 or float64, got ", type);
   }
 }
 
