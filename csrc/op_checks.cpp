@@ -14,6 +14,15 @@ static bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kHalf || t == at::kBFloat16 || t == at::kDouble;
 }
 
+// The ops have backward formulas only. A dual tensor (torch.autograd.forward_ad) reaches the kernels with its
+// tangent, which they would drop: the result's tangent came out missing, silently. The public wrappers
+// (ops.py) refuse it before the call; this catches direct torch.ops.softmax_ops calls. One forward-AD level
+// exists at a time (level 0).
+static void refuse_forward_grad(const at::Tensor& t, const char* op, const char* arg) {
+  TORCH_CHECK(!t._fw_grad(/*level=*/0).defined(), "softmax_ops.", op, ": forward-mode AD is not supported (",
+              arg, " is a dual tensor; the op has a backward formula only)");
+}
+
 void check_floating(const at::Tensor& t, const char* op, const char* arg) {
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(t.scalar_type()), "softmax_ops.", op, ": ", arg,
                    " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
@@ -40,6 +49,7 @@ RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim) {
 
 at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::ScalarType> dtype,
                                     const char* op) {
+  refuse_forward_grad(self, op, "self");
   if (!dtype.has_value()) {
     check_floating(self, op, "self");
     return self.scalar_type();
@@ -73,6 +83,8 @@ void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor
                                  at::ScalarType input_dtype, const char* op) {
   check_floating(grad_output, op, "grad_output");
   check_floating(output, op, "output");
+  refuse_forward_grad(grad_output, op, "grad_output");
+  refuse_forward_grad(output, op, "output");
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(input_dtype), "softmax_ops.", op,
                    ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
   TORCH_CHECK(grad_output.device() == output.device(), "softmax_ops.", op,
@@ -86,6 +98,9 @@ void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& s
                               const at::Tensor& indices, int64_t wrapped_dim) {
   check_floating(self, "fused_topk_backward", "self");
   check_floating(grad_values, "fused_topk_backward", "grad_values");
+  refuse_forward_grad(self, "fused_topk_backward", "self");
+  refuse_forward_grad(grad_values, "fused_topk_backward", "grad_values");
+  refuse_forward_grad(values, "fused_topk_backward", "values");
   TORCH_CHECK(indices.scalar_type() == at::kLong,
                    "softmax_ops.fused_topk_backward: indices must be int64, got ", indices.scalar_type());
   for (const at::Tensor* t : {&grad_values, &values, &indices}) {

@@ -353,6 +353,37 @@ def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "fused_topk", "softmax_backward",
+                                "log_softmax_backward", "fused_topk_backward"])
+def test_direct_op_calls_refuse_dual_tensors(op, requires_grad, device):
+    # Below the public wrappers: torch.ops.softmax_ops.* on a dual tensor returned a result whose tangent was
+    # silently missing (None).
+    import torch.autograd.forward_ad as forward_ad
+
+    x = make_input((3, 5), torch.float64, device, seed=22)
+    values, indices = softmax_ops.fused_topk(x, 2)
+    y = torch.softmax(x, -1)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x.clone().requires_grad_(requires_grad), torch.ones_like(x))
+        calls = {
+            "softmax": lambda: torch.ops.softmax_ops.softmax(dual, -1, None),
+            "log_softmax": lambda: torch.ops.softmax_ops.log_softmax(dual, -1, torch.float32),
+            "fused_topk": lambda: torch.ops.softmax_ops.fused_topk(dual, 2, -1, True, None),
+            "softmax_backward": lambda: torch.ops.softmax_ops.softmax_backward(dual, y, -1, torch.float64),
+            "log_softmax_backward": lambda: torch.ops.softmax_ops.log_softmax_backward(y, dual, -1, torch.float64),
+            "fused_topk_backward": lambda: torch.ops.softmax_ops.fused_topk_backward(
+                forward_ad.make_dual(values, torch.ones_like(values)), x, values, indices, -1, False),
+        }
+        # With requires_grad, torch's autograd.Function refuses first (NotImplementedError, a RuntimeError).
+        message = "jvp function for custom autograd.Function|" if requires_grad else ""
+        with pytest.raises(RuntimeError, match=message + f"softmax_ops.{op}: forward-mode AD is not supported"):
+            calls[op]()
+    # Outside the dual level the same tensors are plain again.
+    assert torch.equal(torch.ops.softmax_ops.softmax(x, -1, None), softmax_ops.softmax(x, -1))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("op", list(PUBLIC_FORWARDS))
 def test_vmap_runs_per_sample(op, device):
     forward = PUBLIC_FORWARDS[op]

@@ -27,7 +27,8 @@ int64_t wrap_dim(const at::Tensor& self, int64_t dim, const char* op);
 // Layout of a CONTIGUOUS tensor around the (wrapped) dim. 0-d tensors are one row of length 1.
 RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim);
 
-// The dtype of softmax(self, dim, dtype): dtype if given, else self's dtype (checked floating).
+// The dtype of softmax(self, dim, dtype): dtype if given, else self's dtype (checked floating). It also
+// refuses a dual tensor (forward-mode AD), as check_softmax_backward_args and check_topk_backward_args do.
 at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::ScalarType> dtype,
                                     const char* op);
 
