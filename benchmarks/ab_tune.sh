@@ -1,10 +1,17 @@
 #!/usr/bin/env bash
 # A/B of the working tree against a base revision with a tune script, in one GPU call.
 #
-#   bash benchmarks/ab_tune.sh BASE_REV OUT_DIR [tune script arguments...]
+#   bash benchmarks/ab_tune.sh BASE OUT_DIR [tune script arguments...]
 #   bash benchmarks/ab_tune.sh HEAD $OUT/ab --cases 1024x50000k50,64x151936k50 --kernels block,split_row
 #
-# The base tree (git archive of BASE_REV) and the working tree are built at once, each with its own
+# BASE is a git revision, or a directory holding the base tree (softmax_ops, csrc, meta, pyproject.toml): the
+# device machine's copy of the repository has no git history, so there the base travels as files, e.g.
+#   git archive HEAD softmax_ops csrc meta pyproject.toml | tar x -C .ab-base    (here, before the call)
+#   bash benchmarks/ab_tune.sh .ab-base $OUT/ab ...                               (on the device)
+# (an untracked directory travels with the working tree; delete it afterwards). OUT_DIR ends up packed as
+# OUT_DIR.tar.gz too: the device tool returns only a few files per call.
+#
+# The base tree and the working tree are built at once, each with its own
 # SOFTMAX_OPS_CACHE. Then the working tree's tune script (TUNE, default tune_topk.py; tune_softmax.py works the
 # same way), so that both sides are measured by the same code, runs on base and new in turns, RUNS times each
 # (default 2): OUT_DIR/{base,new}<i>.{json,txt}. compare_bench.py's per-case comparison of all runs ends up in
@@ -12,7 +19,7 @@
 # not only the mean change.
 set -uo pipefail
 if [ $# -lt 2 ]; then
-  echo "usage: bash benchmarks/ab_tune.sh BASE_REV OUT_DIR [tune script arguments...]" >&2
+  echo "usage: bash benchmarks/ab_tune.sh BASE OUT_DIR [tune script arguments...]" >&2
   exit 2
 fi
 base_rev=$1
@@ -23,7 +30,11 @@ tune=$repo/benchmarks/${TUNE:-tune_topk.py}
 runs=${RUNS:-2}
 work=$(mktemp -d)
 mkdir -p "$work/base" "$out"
-git -C "$repo" archive "$base_rev" softmax_ops csrc meta pyproject.toml | tar x -C "$work/base" || exit 1
+if [ -d "$base_rev" ]; then
+  cp -r "$base_rev"/. "$work/base"/ || exit 1
+else
+  git -C "$repo" archive "$base_rev" softmax_ops csrc meta pyproject.toml | tar x -C "$work/base" || exit 1
+fi
 
 # side NAME TREE COMMAND...: COMMAND in TREE with that tree's package and build cache.
 side() {
@@ -58,3 +69,4 @@ if [ -z "$(list base)" ] || [ -z "$(list new)" ]; then
   exit 1
 fi
 python3 "$repo/benchmarks/compare_bench.py" --base "$(list base)" --new "$(list new)" | tee "$out/compare.txt"
+tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
