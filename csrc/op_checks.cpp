@@ -98,11 +98,12 @@ void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& s
                               const at::Tensor& indices, int64_t wrapped_dim) {
   check_floating(self, "fused_topk_backward", "self");
   check_floating(grad_values, "fused_topk_backward", "grad_values");
+  check_floating(values, "fused_topk_backward", "values");
   refuse_forward_grad(self, "fused_topk_backward", "self");
   refuse_forward_grad(grad_values, "fused_topk_backward", "grad_values");
   refuse_forward_grad(values, "fused_topk_backward", "values");
-  TORCH_CHECK(indices.scalar_type() == at::kLong,
-                   "softmax_ops.fused_topk_backward: indices must be int64, got ", indices.scalar_type());
+  TORCH_CHECK(indices.scalar_type() == at::kLong, "softmax_ops.fused_topk_backward: indices must be int64, got ",
+              indices.scalar_type());
   for (const at::Tensor* t : {&grad_values, &values, &indices}) {
     TORCH_CHECK(t->device() == self.device(),
                 "softmax_ops.fused_topk_backward: grad_values, values and indices must be on self's device ",

@@ -59,27 +59,30 @@ def _check_same_device(op: str, **tensors: torch.Tensor) -> None:
 
 @torch.library.register_fake("softmax_ops::softmax")
 def softmax_fake(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    result_dtype = _result_dtype(x, dtype, "softmax")  # dtype first, then dim: the real ops' order
     _wrap_dim(x, dim, "softmax")
-    return x.new_empty(x.shape, dtype=_result_dtype(x, dtype, "softmax"))
+    return x.new_empty(x.shape, dtype=result_dtype)
 
 
 @torch.library.register_fake("softmax_ops::log_softmax")
 def log_softmax_fake(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    result_dtype = _result_dtype(x, dtype, "log_softmax")  # dtype first, then dim: the real ops' order
     _wrap_dim(x, dim, "log_softmax")
-    return x.new_empty(x.shape, dtype=_result_dtype(x, dtype, "log_softmax"))
+    return x.new_empty(x.shape, dtype=result_dtype)
 
 
 def _backward_fake(
     grad_output: torch.Tensor, output: torch.Tensor, dim: int, input_dtype: torch.dtype, op: str
 ) -> torch.Tensor:
+    # The real ops' order and error classes (op_checks.cpp): dtypes, device, then shape (ValueError).
     _check_float(grad_output, op, "grad_output")
     _check_float(output, op, "output")
-    _check_same_device(op, grad_output=grad_output, output=output)
     torch._check_not_implemented(
         input_dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: input_dtype must be float32, float16, bfloat16 or float64",
     )
-    torch._check(
+    _check_same_device(op, grad_output=grad_output, output=output)
+    torch._check_value(
         grad_output.shape == output.shape,
         lambda: f"softmax_ops.{op}: grad_output shape {tuple(grad_output.shape)} must equal output shape "
         f"{tuple(output.shape)}",
@@ -134,20 +137,23 @@ def fused_topk_backward_fake(
     dim: int,
     renormalize: bool,
 ) -> torch.Tensor:
+    # The real ops' order and error classes (op_checks.cpp): dtypes of self and grad_values, dim, the other
+    # dtypes, devices, then shapes (ValueError).
     _check_float(x, "fused_topk_backward", "self")
     _check_float(grad_values, "fused_topk_backward", "grad_values")
-    _check_same_device("fused_topk_backward", grad_values=grad_values, self=x, values=values, indices=indices)
+    wrapped = _wrap_dim(x, dim, "fused_topk_backward")
+    _check_float(values, "fused_topk_backward", "values")
     torch._check(
         indices.dtype == torch.int64,
         lambda: f"softmax_ops.fused_topk_backward: indices must be int64, got {indices.dtype}",
     )
-    wrapped = _wrap_dim(x, dim, "fused_topk_backward")
-    torch._check(
+    _check_same_device("fused_topk_backward", grad_values=grad_values, self=x, values=values, indices=indices)
+    torch._check_value(
         grad_values.shape == indices.shape and values.shape == indices.shape,
         lambda: "softmax_ops.fused_topk_backward: grad_values, values and indices must have the same shape",
     )
     k = indices.shape[wrapped] if indices.dim() > 0 else 1
-    torch._check(
+    torch._check_value(
         list(indices.shape) == _topk_shape(x, wrapped, k),
         lambda: f"softmax_ops.fused_topk_backward: indices shape {list(indices.shape)} does not match self shape "
         f"{list(x.shape)} with dim {wrapped} of size k",

@@ -351,6 +351,14 @@ class _GraphRewriter:
             problem = self._topk_problem(topk, rank, dim)
         if problem is None and _grad_mode_changes_between(call.node, topk.node):
             problem = "grad mode changes between softmax and topk"
+        shape_readers = [user for user in call.node.users if user is not topk.node]
+        if problem is None and shape_readers:
+            # They will read the logits' metadata where they stand, so nothing may change it in between
+            # (x.t_(), x.unsqueeze_(0), x.set_(...)); any in-place op on the logits is refused, writes too.
+            mutation = first_mutation(call.input, call.node)
+            if mutation is not None:
+                problem = (f"{mutation.name} changes the logits in place, and {shape_readers[0].name} reads the "
+                           "softmax output's shape after the softmax")
         if problem:
             self._skip(SOFTMAX_TOPK, topk.node, problem)
             return
@@ -361,9 +369,8 @@ class _GraphRewriter:
                 self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
                 return
         # zeros_like(probs) and the like (HF Mixtral's routing matrix) take the logits' shape instead.
-        for user in list(call.node.users):
-            if user is not topk.node:
-                read_metadata_from(user, call.input, tensor_meta(call.node).dtype)
+        for user in shape_readers:
+            read_metadata_from(user, call.input, tensor_meta(call.node).dtype)
         # Inserted where the softmax was, so the logits are read at the same point of the program as before.
         fused = self._insert(
             call.node,

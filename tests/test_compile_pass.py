@@ -449,6 +449,29 @@ def test_untouched_when_probabilities_are_also_read(other_use):
     assert skip_reasons() == [("softmax_topk", "softmax output also used elsewhere")]
 
 
+@pytest.mark.parametrize("change", [
+    lambda x: x.t_(), lambda x: x.unsqueeze_(0), lambda x: x.transpose_(0, 1), lambda x: x.mul_(2),
+])
+def test_untouched_shape_readers_after_an_in_place_op_on_the_logits(change):
+    """zeros_like(p) would read the logits' shape after x.t_() changed it: (8, 4) or an out-of-range
+    scatter instead of eager's (4, 8). Refused with or without gradients (found by review, session 24)."""
+    def fn(x):
+        x = x * 1  # an intermediate: an in-place view op on a graph input breaks the graph
+        p = torch.softmax(x, -1)
+        values, selected = torch.topk(p, 2, -1)
+        change(x)
+        return torch.zeros_like(p), values, selected
+
+    x = logits(4, 8)
+    with torch.no_grad():
+        outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x)
+    for ours, theirs in zip(outs, fn(x)):
+        assert ours.shape == theirs.shape and ours.stride() == theirs.stride()
+        torch.testing.assert_close(ours, theirs)
+    ((pattern, reason),) = skip_reasons()
+    assert pattern == "softmax_topk" and "changes the logits in place" in reason, reason
+
+
 def test_untouched_renorm_over_other_dim():
     def fn(x):
         values, selected = torch.topk(x.softmax(-1), 2)

@@ -486,7 +486,8 @@ def test_integer_and_bool_inputs_with_a_float_dtype_match_torch(in_dtype, device
 
 
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
-@pytest.mark.parametrize("case", ["integer self", "integer dtype", "complex self", "integer backward"])
+@pytest.mark.parametrize("case", ["integer self", "integer dtype", "complex self", "integer backward",
+                                  "integer values"])
 def test_unsupported_dtypes_raise_the_error_class_torch_raises(case, device):
     """torch raises NotImplementedError ("not implemented for 'Long'") for a softmax of an unsupported dtype;
     the real ops and the fake implementations (device "meta", what torch.compile traces with) raise the same
@@ -501,13 +502,42 @@ def test_unsupported_dtypes_raise_the_error_class_torch_raises(case, device):
                          lambda: softmax_ops.fused_topk(floats.to(torch.complex64), 2)),
         "integer backward": (None,
                              lambda: torch.ops.softmax_ops.softmax_backward(floats, floats, -1, torch.int64)),
+        # The values' dtype was not checked: a message without the argument's name, and nothing on meta.
+        "integer values": (None, lambda: torch.ops.softmax_ops.fused_topk_backward(
+            floats[:, :2], floats, floats[:, :2].long(), torch.zeros(4, 2, dtype=torch.long, device=device), -1,
+            False)),
     }
     theirs, ours = calls[case]
     if theirs is not None and device != "meta":
         with pytest.raises(NotImplementedError):
             theirs()
-    with pytest.raises(NotImplementedError, match="softmax_ops"):
+    with pytest.raises(NotImplementedError, match="softmax_ops.*(self|dtype|values) must be"):
         ours()
+
+
+BAD_CALLS = {
+    # name: (expected class, call on tensors of the given device)
+    "backward shape": (ValueError, lambda d: torch.ops.softmax_ops.softmax_backward(
+        torch.ones(4, 7, device=d), torch.ones(4, 8, device=d), -1, torch.float32)),
+    "dtype before dim": (NotImplementedError, lambda d: torch.ops.softmax_ops.log_softmax(
+        torch.ones(4, 8, dtype=torch.long, device=d), 5, None)),
+    "topk backward dim before indices dtype": (IndexError, lambda d: torch.ops.softmax_ops.fused_topk_backward(
+        torch.ones(4, 2, device=d), torch.ones(4, 8, device=d), torch.ones(4, 2, device=d),
+        torch.zeros(4, 2, dtype=torch.int32, device=d), 3, False)),
+    "topk backward shapes": (ValueError, lambda d: torch.ops.softmax_ops.fused_topk_backward(
+        torch.ones(4, 3, device=d), torch.ones(4, 8, device=d), torch.ones(4, 2, device=d),
+        torch.zeros(4, 2, dtype=torch.long, device=d), -1, False)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES + ["meta"])
+@pytest.mark.parametrize("case", list(BAD_CALLS))
+def test_fake_impls_raise_what_the_real_ops_raise(case, device):
+    # torch.compile traces with the fake impls (device "meta" runs them): the same bad call must raise the same
+    # class there as on a real device, checks in the same order (they differed: found by review, session 24).
+    expected, call = BAD_CALLS[case]
+    with pytest.raises(expected, match="softmax_ops"):
+        call(device)
 
 
 def test_backward_ops_refuse_a_meta_tensor_beside_a_real_one():
