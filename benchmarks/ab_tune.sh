@@ -30,6 +30,7 @@ tune=$repo/benchmarks/${TUNE:-tune_topk.py}
 runs=${RUNS:-2}
 work=$(mktemp -d)
 mkdir -p "$work/base" "$out"
+trap 'tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"' EXIT  # whatever the outcome
 if [ -d "$base_rev" ]; then
   cp -r "$base_rev"/. "$work/base"/ || exit 1
 else
@@ -69,4 +70,3 @@ if [ -z "$(list base)" ] || [ -z "$(list new)" ]; then
   exit 1
 fi
 python3 "$repo/benchmarks/compare_bench.py" --base "$(list base)" --new "$(list new)" | tee "$out/compare.txt"
-tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -25,7 +25,7 @@ static void refuse_forward_grad(const at::Tensor& t, const char* op, const char*
 
 void check_floating(const at::Tensor& t, const char* op, const char* arg) {
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(t.scalar_type()), "softmax_ops.", op, ": ", arg,
-                   " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
+                              " must be float32, float16, bfloat16 or float64, got ", t.scalar_type());
 }
 
 int64_t wrap_dim(const at::Tensor& self, int64_t dim, const char* op) {
@@ -55,12 +55,13 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
     return self.scalar_type();
   }
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(*dtype), "softmax_ops.", op,
-                   ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
+                              ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
   // torch casts the input to dtype first, so integer and bool inputs work with a float dtype= too
   // (torch.softmax(torch.arange(3), 0, dtype=torch.float32)); softmax_kernel_input makes that cast.
-  TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true),
-                   "softmax_ops.", op, ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
-                   "bool tensor with a float dtype=), got ", self.scalar_type());
+  const bool castable = is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true);
+  TORCH_CHECK_NOT_IMPLEMENTED(castable, "softmax_ops.", op,
+                              ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
+                              "bool tensor with a float dtype=), got ", self.scalar_type());
   return *dtype;
 }
 
@@ -86,7 +87,7 @@ void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor
   refuse_forward_grad(grad_output, op, "grad_output");
   refuse_forward_grad(output, op, "output");
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(input_dtype), "softmax_ops.", op,
-                   ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
+                              ": input_dtype must be float32, float16, bfloat16 or float64, got ", input_dtype);
   TORCH_CHECK(grad_output.device() == output.device(), "softmax_ops.", op,
               ": grad_output and output must be on the same device, got ", grad_output.device().str(), " and ",
               output.device().str());

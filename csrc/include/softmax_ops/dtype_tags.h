@@ -10,8 +10,8 @@
 namespace softmax_ops {
 
 // The DType of a ScalarType the kernels are built for (float32, float16, bfloat16, float64); any other
-// raises a NotImplementedError that names `who` (the ops' own checks reject other dtypes first, so this fires only
-// for callers that skip them, such as explain).
+// raises a NotImplementedError that names `who` (the ops' own checks reject other dtypes first, so this fires
+// only for callers that skip them, such as explain).
 inline DType require_dtype_tag(c10::ScalarType type, const char* who) {
   switch (type) {
     case c10::ScalarType::Float:
