@@ -95,10 +95,11 @@ void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor
                     shape_str(grad_output.sizes()), " must equal output shape ", shape_str(output.sizes()));
 }
 
-void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
-                              const at::Tensor& indices, int64_t wrapped_dim) {
+int64_t check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
+                                 const at::Tensor& indices, int64_t dim) {
   check_floating(self, "fused_topk_backward", "self");
   check_floating(grad_values, "fused_topk_backward", "grad_values");
+  const int64_t wrapped_dim = wrap_dim(self, dim, "fused_topk_backward");
   check_floating(values, "fused_topk_backward", "values");
   refuse_forward_grad(self, "fused_topk_backward", "self");
   refuse_forward_grad(grad_values, "fused_topk_backward", "grad_values");
@@ -119,6 +120,7 @@ void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& s
                     "softmax_ops.fused_topk_backward: indices shape ", shape_str(indices.sizes()),
                     " does not match self shape ", shape_str(self.sizes()), " with dim ", std::to_string(wrapped_dim),
                     " of size k");
+  return wrapped_dim;
 }
 
 std::vector<int64_t> topk_output_shape(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+
 import torch
 from torch.fx import Node
 from torch.multiprocessing.reductions import StorageWeakRef

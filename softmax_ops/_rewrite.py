@@ -351,23 +351,25 @@ class _GraphRewriter:
             problem = self._topk_problem(topk, rank, dim)
         if problem is None and _grad_mode_changes_between(call.node, topk.node):
             problem = "grad mode changes between softmax and topk"
+        # A later in-place op on the logits blocks the fusion for two reasons (one scan finds it): shape readers
+        # will read the logits' metadata where they stand, so nothing may change it in between (x.t_(),
+        # x.unsqueeze_(0), x.set_(...); writes are refused too), and a graph that records gradients would have
+        # fused_topk's saved logits written.
         shape_readers = [user for user in call.node.users if user is not topk.node]
-        if problem is None and shape_readers:
-            # They will read the logits' metadata where they stand, so nothing may change it in between
-            # (x.t_(), x.unsqueeze_(0), x.set_(...)); any in-place op on the logits is refused, writes too.
+        records_grad = _records_grad(node_value(topk.node))
+        mutation = None
+        if problem is None and (shape_readers or records_grad):
             mutation = first_mutation(call.input, call.node)
-            if mutation is not None:
-                problem = (f"{mutation.name} changes the logits in place, and {shape_readers[0].name} reads the "
-                           "softmax output's shape after the softmax")
+        if mutation is not None and shape_readers:
+            problem = (f"{mutation.name} changes the logits in place, and {shape_readers[0].name} reads the "
+                       "softmax output's shape after the softmax")
         if problem:
             self._skip(SOFTMAX_TOPK, topk.node, problem)
             return
-        renorm = self._renormalisation(topk, dim, rank)
-        if _records_grad(node_value(topk.node)):
-            mutation = first_mutation(call.input, call.node)
-            if mutation is not None:
-                self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
-                return
+        renorm = self._renormalisation(topk, dim, rank)  # reports its own skip, before the one below
+        if mutation is not None:
+            self._skip(SOFTMAX_TOPK, topk.node, _saved_tensor_written(mutation))
+            return
         # zeros_like(probs) and the like (HF Mixtral's routing matrix) take the logits' shape instead.
         for user in shape_readers:
             read_metadata_from(user, call.input, tensor_meta(call.node).dtype)

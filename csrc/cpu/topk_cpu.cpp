@@ -270,10 +270,7 @@ std::tuple<at::Tensor, at::Tensor> fused_topk(const at::Tensor& self, int64_t k,
 // through the cast.
 at::Tensor fused_topk_backward(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
                                const at::Tensor& indices, int64_t dim, bool renormalize) {
-  check_floating(self, "fused_topk_backward", "self");
-  check_floating(grad_values, "fused_topk_backward", "grad_values");
-  const int64_t wrapped = wrap_dim(self, dim, "fused_topk_backward");
-  check_topk_backward_args(grad_values, self, values, indices, wrapped);
+  const int64_t wrapped = check_topk_backward_args(grad_values, self, values, indices, dim);
   const at::ScalarType values_dtype = values.scalar_type();
   const at::ScalarType self_dtype = self.scalar_type();
   const bool read_directly = self_dtype == values_dtype ||

@@ -141,10 +141,7 @@ std::tuple<at::Tensor, at::Tensor> fused_topk_cuda(const at::Tensor& self, int64
 // through the cast.
 at::Tensor fused_topk_backward_cuda(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
                                    const at::Tensor& indices, int64_t dim, bool renormalize) {
-  check_floating(self, "fused_topk_backward", "self");
-  check_floating(grad_values, "fused_topk_backward", "grad_values");
-  const int64_t wrapped = wrap_dim(self, dim, "fused_topk_backward");
-  check_topk_backward_args(grad_values, self, values, indices, wrapped);
+  const int64_t wrapped = check_topk_backward_args(grad_values, self, values, indices, dim);
   const c10::cuda::CUDAGuard guard(self.device());
   const at::ScalarType self_dtype = self.scalar_type();
   const at::ScalarType values_dtype = values.scalar_type();

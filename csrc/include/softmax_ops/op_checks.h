@@ -45,9 +45,10 @@ int64_t check_topk_k(const at::Tensor& self, int64_t wrapped_dim, int64_t k);
 void check_softmax_backward_args(const at::Tensor& grad_output, const at::Tensor& output,
                                  at::ScalarType input_dtype, const char* op);
 
-// Checks the fused_topk_backward arguments against each other.
-void check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
-                              const at::Tensor& indices, int64_t wrapped_dim);
+// Checks the fused_topk_backward arguments (dtypes, dim, devices, shapes, in that order, as meta/ states them);
+// returns the wrapped dim.
+int64_t check_topk_backward_args(const at::Tensor& grad_values, const at::Tensor& self, const at::Tensor& values,
+                                 const at::Tensor& indices, int64_t dim);
 
 // Shape of self with the size at wrapped_dim replaced by k (0-d stays 0-d).
 std::vector<int64_t> topk_output_shape(const at::Tensor& self, int64_t wrapped_dim, int64_t k);
