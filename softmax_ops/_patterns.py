@@ -62,6 +62,9 @@ _DIV_METHODS: dict[str, tuple[tuple[str, ...], bool]] = {
     "__itruediv__": (("input", "other"), True),
 }
 
+# How Dynamo records `with torch.no_grad()`, `torch.set_grad_enabled(...)` and `torch.inference_mode()`.
+_GRAD_MODE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"})
+
 # The tensor argument is `self` in aten schemas and `input` in the Python bindings: accept either name.
 _ALIASES = {"self": "input"}
 
@@ -256,3 +259,15 @@ def single_dim(dim: Any) -> Any:
     if isinstance(dim, (list, tuple)) and len(dim) == 1:
         return dim[0]
     return dim
+
+
+def grad_mode_changes_between(first: Node, last: Node) -> bool:
+    """Whether a ``no_grad``/``enable_grad``/``inference_mode`` boundary lies between two nodes. A fused op
+    runs at one point of the program, so it must not merge operations that ran under different grad modes
+    (the result would require grad where the original did not, or the other way round)."""
+    node = first.next
+    while node is not last and node.op != "root":
+        if node.op == "call_function" and getattr(node.target, "__name__", None) in _GRAD_MODE_SWITCHES:
+            return True
+        node = node.next
+    return False

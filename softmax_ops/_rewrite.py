@@ -38,6 +38,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Graph, Node
 
+from softmax_ops._fusion import absorb_casts, absorb_widening, fused_neighbour, keeps_inductor_fusions
 from softmax_ops._metadata_uses import read_metadata_from, reads_only_metadata
 from softmax_ops._mutations import first_mutation
 from softmax_ops._patterns import (
@@ -48,6 +49,7 @@ from softmax_ops._patterns import (
     TopkCall,
     Unreadable,
     getitem_index,
+    grad_mode_changes_between,
     node_value,
     parse_div,
     parse_softmax,
@@ -64,8 +66,6 @@ SOFTMAX_TOPK_RENORM = "softmax_topk_renorm"
 TOPK_SOFTMAX = "topk_softmax"
 PATTERNS = ("softmax", "log_softmax", SOFTMAX_TOPK, SOFTMAX_TOPK_RENORM, TOPK_SOFTMAX)
 
-# How Dynamo records `with torch.no_grad()`, `torch.set_grad_enabled(...)` and `torch.inference_mode()`.
-_GRAD_MODE_SWITCHES = frozenset({"_set_grad_enabled", "_enter_inference_mode", "_exit_inference_mode"})
 # How Dynamo records torch.func transforms (grad, vjp, jacrev, vmap, jvp: functions of these modules) and
 # forward-mode AD regions. Our ops have no forward-AD or batching rules: inside such a region a rewrite drops
 # tangents or fails to compile, so a graph holding any of them is left as it is.
@@ -147,18 +147,6 @@ def _source_location(node: Node) -> str:
         return ""
     path, line = frames[-1]
     return f"{path.rsplit('/', 1)[-1]}:{line}"
-
-
-def _grad_mode_changes_between(first: Node, last: Node) -> bool:
-    """Whether a ``no_grad``/``enable_grad``/``inference_mode`` boundary lies between two nodes. A fused op
-    runs at one point of the program, so it must not merge operations that ran under different grad modes
-    (the result would require grad where the original did not, or the other way round)."""
-    node = first.next
-    while node is not last and node.op != "root":
-        if node.op == "call_function" and getattr(node.target, "__name__", None) in _GRAD_MODE_SWITCHES:
-            return True
-        node = node.next
-    return False
 
 
 def _transform_node(graph: Graph) -> Node | None:
@@ -301,7 +289,7 @@ class _GraphRewriter:
             return "sum over every dim"
         if not _is_true(total.keepdim):
             return "sum without keepdim=True"
-        if _grad_mode_changes_between(values, div.node):
+        if grad_mode_changes_between(values, div.node):
             return "grad mode changes between topk and the renormalisation"
         if wrap_dim(single_dim(total.dim), rank) != dim:
             return f"renormalisation over dim {total.dim}, topk over dim {dim}"
@@ -328,11 +316,21 @@ class _GraphRewriter:
         if problem:
             self._skip(call.kind, call.node, problem)
             return
+        # Casts in front and behind become the op's dtype; elementwise neighbours stay fused (_fusion.py).
+        absorbed = absorb_casts(call.node, call.input, dtype)
+        neighbour = fused_neighbour(absorbed) if keeps_inductor_fusions() else None
+        if neighbour is not None:
+            node, role = neighbour
+            self._skip(call.kind, call.node, f"left to inductor, which fuses the elementwise {role} {node.name} "
+                                             f"into the {call.kind}'s kernel (as a kernel of its own it would "
+                                             "read and write the whole tensor once more)")
+            return
         new = self._insert(
-            call.node, _op(call.kind), (call.input, call.dim, dtype), call.node, node_value(call.node)
+            call.node, _op(call.kind), (absorbed.input, call.dim, absorbed.dtype), absorbed.output,
+            node_value(absorbed.output),
         )
-        call.node.replace_all_uses_with(new)
-        self._erase(call.node)
+        absorbed.output.replace_all_uses_with(new)
+        self._erase(*absorbed.erased)
         self._done(call.kind, call.node, new)
 
     def _fuse_softmax_topk(self, call: SoftmaxCall, topk: TopkCall) -> None:
@@ -349,7 +347,7 @@ class _GraphRewriter:
             problem = "softmax output also used elsewhere"
         else:
             problem = self._topk_problem(topk, rank, dim)
-        if problem is None and _grad_mode_changes_between(call.node, topk.node):
+        if problem is None and grad_mode_changes_between(call.node, topk.node):
             problem = "grad mode changes between softmax and topk"
         # A later in-place op on the logits blocks the fusion for two reasons (one scan finds it): shape readers
         # will read the logits' metadata where they stand, so nothing may change it in between (x.t_(),
@@ -357,9 +355,11 @@ class _GraphRewriter:
         # fused_topk's saved logits written.
         shape_readers = [user for user in call.node.users if user is not topk.node]
         records_grad = _records_grad(node_value(topk.node))
+        # softmax(x.float()) reads x with dtype=float32 (_fusion.py): no float32 copy of the logits.
+        logits, dtype = absorb_widening(call.node, call.input, dtype)
         mutation = None
         if problem is None and (shape_readers or records_grad):
-            mutation = first_mutation(call.input, call.node)
+            mutation = first_mutation(logits, call.node)
         if mutation is not None and shape_readers:
             problem = (f"{mutation.name} changes the logits in place, and {shape_readers[0].name} reads the "
                        "softmax output's shape after the softmax")
@@ -372,12 +372,12 @@ class _GraphRewriter:
             return
         # zeros_like(probs) and the like (HF Mixtral's routing matrix) take the logits' shape instead.
         for user in shape_readers:
-            read_metadata_from(user, call.input, tensor_meta(call.node).dtype)
+            read_metadata_from(user, logits, tensor_meta(call.node).dtype)
         # Inserted where the softmax was, so the logits are read at the same point of the program as before.
         fused = self._insert(
             call.node,
             _op("fused_topk"),
-            (call.input, topk.k, call.dim, renorm is not None, dtype),
+            (logits, topk.k, call.dim, renorm is not None, dtype),
             topk.node,
             tuple(node_value(topk.node) or ()),
         )
@@ -387,6 +387,8 @@ class _GraphRewriter:
             div.node.replace_all_uses_with(div.numerator)  # the fused values are already renormalised
             self._erase(div.node, total.node)
         self._erase(topk.node, call.node)
+        if logits is not call.input and not call.input.users:
+            self._erase(call.input)  # the widening cast, read by the softmax alone
         self.settled.add(call.node)
         self._done(SOFTMAX_TOPK_RENORM if renorm else SOFTMAX_TOPK, topk.node, fused)
 
@@ -412,7 +414,7 @@ class _GraphRewriter:
             problem = self._topk_problem(topk, rank, wrap_dim(call.dim, rank))
         if problem is None and (len(values_nodes) != 1 or set(values.users) != {call.node}):
             problem = "topk values also used elsewhere"
-        if problem is None and _grad_mode_changes_between(topk.node, call.node):
+        if problem is None and grad_mode_changes_between(topk.node, call.node):
             problem = "grad mode changes between topk and softmax"
         if problem is None and dtype is not None and not _keeps_order(logits.dtype, dtype):
             problem = (f"softmax dtype={dtype} of {logits.dtype} topk values: topk ranked the {logits.dtype} "

@@ -30,6 +30,7 @@ import torch._inductor.config as inductor_config
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from softmax_ops._compile_report import CompileReport, ReportRecorder
+from softmax_ops._fusion import keeps_inductor_fusions
 from softmax_ops._rewrite import GraphOutcome, has_kernels, rewrite_graph
 
 log = logging.getLogger("softmax_ops")
@@ -38,7 +39,8 @@ DEFAULT_DEVICES = "cuda"
 _DISABLE_VALUES = ("1", "true", "yes", "on")
 # Every file whose contents decide what the pass does (the report module shapes only the report, but a
 # stale uuid is worse than a rare spurious cache miss).
-_PASS_FILES = ("compile_pass.py", "_patterns.py", "_rewrite.py", "_compile_report.py")
+_PASS_FILES = ("compile_pass.py", "_patterns.py", "_rewrite.py", "_compile_report.py", "_fusion.py",
+               "_metadata_uses.py", "_mutations.py")
 
 _recorder = ReportRecorder()
 
@@ -123,6 +125,7 @@ class SoftmaxOpsGraphPass(CustomGraphPass):
             [
                 _source_hash(),
                 "enabled" if _State.enabled else "disabled",
+                "keep fusions" if keeps_inductor_fusions() else "rewrite fused",
                 ",".join(sorted(active_devices())),
                 # A CPU-only build leaves CUDA graphs alone: its cached graphs must not serve a CUDA build.
                 ",".join(sorted(d for d in active_devices() if has_kernels(d))),

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import torch
-import torch.autograd.forward_ad as forward_ad
-
+from torch.autograd import forward_ad
 
 _TORCH_FORM = {"softmax": "torch.softmax", "log_softmax": "torch.log_softmax",
                "fused_topk": "torch.topk(torch.softmax(x, dim), k, dim)"}

@@ -338,7 +338,7 @@ PUBLIC_FORWARDS = {
 def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
     # The ops have backward formulas only: forward-mode AD dropped the tangent (None) and torch.func.jvp
     # returned zeros, both without an error.
-    import torch.autograd.forward_ad as forward_ad
+    from torch.autograd import forward_ad
 
     forward = PUBLIC_FORWARDS[op]
     x = make_input((3, 5), torch.float64, device, seed=19)
@@ -359,7 +359,7 @@ def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
 def test_direct_op_calls_refuse_dual_tensors(op, requires_grad, device):
     # Below the public wrappers: torch.ops.softmax_ops.* on a dual tensor returned a result whose tangent was
     # silently missing (None).
-    import torch.autograd.forward_ad as forward_ad
+    from torch.autograd import forward_ad
 
     x = make_input((3, 5), torch.float64, device, seed=22)
     values, indices = softmax_ops.fused_topk(x, 2)
