@@ -34,11 +34,19 @@ def attention_sites(scale: float):
     }
 
 
-def lm_head_sites():
+def lm_head_sites(targets: torch.Tensor):
+    """LM-head forms (x: logits, targets: one class per row): a full log_softmax, and readers of a few of its
+    columns only, which inductor computes without writing the log-probabilities out."""
     return {
         "log_softmax": lambda x, mask: torch.log_softmax(x, dim=-1),
         "log_softmax_float_input": lambda x, mask: torch.log_softmax(x.float(), dim=-1),
+        "nll_loss": lambda x, mask: F.nll_loss(F.log_softmax(x.float(), dim=-1), targets),
+        "logprob_gather": lambda x, mask: F.log_softmax(x.float(), dim=-1).gather(-1, targets[:, None]),
     }
+
+
+# Sites also timed as a training step (forward and backward of the sum of the result).
+TRAINING_SITES = ("nll_loss",)
 
 
 def compiled(fn, with_pass: bool):
@@ -54,8 +62,15 @@ def compiled(fn, with_pass: bool):
     return torch.compile(copy, fullgraph=True)
 
 
-def run_case(name, fn, x, mask, timer, rounds):
-    eager = lambda: fn(x, mask)
+def run_case(name, fn, x, mask, timer, rounds, train=False):
+    """Times eager, torch.compile and torch.compile with the pass on one site; train: forward and backward."""
+    if train:
+        x = x.detach().requires_grad_()
+        name += "_train"
+
+    def step(f):
+        return (lambda: f(x, mask).sum().backward()) if train else (lambda: f(x, mask))
+
     plain = compiled(fn, with_pass=False)
     plain(x, mask)
     if softmax_ops.compile_report().rewritten:
@@ -63,9 +78,9 @@ def run_case(name, fn, x, mask, timer, rounds):
     ours = compiled(fn, with_pass=True)
     out = ours(x, mask)
     report = softmax_ops.compile_report().summary().replace("\n", " | ")
-    ref = fn(x.double(), mask.double()).to(out.dtype)
-    err = (out.double() - ref.double()).abs().max().item()
-    fns = {"eager": eager, "compile": lambda: plain(x, mask), "compile+softmax_ops": lambda: ours(x, mask)}
+    ref = fn(x.detach().double(), mask.double()).to(out.dtype)
+    err = (out.detach().double() - ref.double()).abs().max().item()
+    fns = {"eager": step(fn), "compile": step(plain), "compile+softmax_ops": step(ours)}
     best = {k: math.inf for k in fns}
     for _ in range(rounds):
         for k, f in fns.items():
@@ -87,6 +102,7 @@ def main() -> None:
     parser.add_argument("--rewrite-all", action="store_true",
                         help="the pass rewrites every softmax, fused neighbours or not (SOFTMAX_OPS_REWRITE_FUSED=1)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test (set SOFTMAX_OPS_DEVICES=cuda,cpu)")
+    parser.add_argument("--sites", default="attention,lm", help="comma-separated: attention, lm")
     parser.add_argument("--small", action="store_true", help="shapes 1/8 as long in the last two dims")
     args = parser.parse_args()
     torch._inductor.config.fx_graph_cache = False
@@ -99,8 +115,9 @@ def main() -> None:
     rows = []
     # Large enough for the GPU time to dominate: the compiled functions' CPU overhead (~20-30 us per call)
     # decided session 25's first run of (32, 12, 128, 128).
-    for shape, dtype in [((4, 16, 1024, 1024), torch.float16), ((256, 16, 128, 128), torch.float16),
-                         ((16, 32, 512, 512), torch.bfloat16), ((1, 32, 2048, 2048), torch.bfloat16)]:
+    attention_shapes = [((4, 16, 1024, 1024), torch.float16), ((256, 16, 128, 128), torch.float16),
+                        ((16, 32, 512, 512), torch.bfloat16), ((1, 32, 2048, 2048), torch.bfloat16)]
+    for shape, dtype in attention_shapes if "attention" in args.sites else []:
         shape = cut(shape)
         s = shape[-1]
         x = torch.randn(shape, device=device, dtype=dtype, generator=gen) * 3
@@ -109,15 +126,20 @@ def main() -> None:
         for name, fn in attention_sites(1.0 / math.sqrt(128)).items():
             rows.append(run_case(name, fn, x, mask, timer, args.rounds))
     for shape, dtype in [((8192, 32000), torch.bfloat16), ((2048, 151936), torch.float16)]:
+        if "lm" not in args.sites:
+            break
         shape = cut(shape)
         x = torch.randn(shape, device=device, dtype=dtype, generator=gen) * 3
         mask = torch.zeros((), device=device, dtype=dtype)
-        for name, fn in lm_head_sites().items():
+        targets = torch.randint(0, shape[-1], shape[:1], device=device, generator=gen)
+        for name, fn in lm_head_sites(targets).items():
             rows.append(run_case(name, fn, x, mask, timer, args.rounds))
+            if name in TRAINING_SITES:
+                rows.append(run_case(name, fn, x, mask, timer, args.rounds, train=True))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name() if device.type == "cuda" else "cpu", "torch": torch.__version__, "timer": timer.description,
-                       "rows": rows}, f, indent=1)
+            gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
+            json.dump({"gpu": gpu, "torch": torch.__version__, "timer": timer.description, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

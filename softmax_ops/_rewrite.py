@@ -321,9 +321,9 @@ class _GraphRewriter:
         neighbour = fused_neighbour(absorbed) if keeps_inductor_fusions() else None
         if neighbour is not None:
             node, role = neighbour
-            self._skip(call.kind, call.node, f"left to inductor, which fuses the elementwise {role} {node.name} "
-                                             f"into the {call.kind}'s kernel (as a kernel of its own it would "
-                                             "read and write the whole tensor once more)")
+            self._skip(call.kind, call.node, f"left to inductor, which computes the {role} {node.name} inside "
+                                             f"the {call.kind}'s kernel (beside our op it would cost another "
+                                             "full read or write of the tensor)")
             return
         new = self._insert(
             call.node, _op(call.kind), (absorbed.input, call.dim, absorbed.dtype), absorbed.output,
