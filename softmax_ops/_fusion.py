@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch.fx import Node
 
 from softmax_ops._metadata_uses import reads_only_metadata
-from softmax_ops._mutations import alias_group, written_nodes
-from softmax_ops._patterns import grad_mode_changes_between, node_value, tensor_meta
+from softmax_ops._mutations import first_mutation
+from softmax_ops._patterns import grad_mode_changes_between, node_value, records_grad, tensor_meta
 
 # Calls inductor computes inside a neighbouring reduction's kernel (pointwise, same device).
 _ELEMENTWISE_FUNCTIONS = frozenset({
@@ -154,36 +154,20 @@ def dtype_cast_target(node: Node) -> torch.dtype | None:
     return target if target == out.dtype else None
 
 
-def _written_between(tensor: Node, first: Node, last: Node) -> bool:
-    """Whether a node after ``first`` and before ``last`` writes into ``tensor`` (or a tensor sharing its
-    storage)."""
-    group = alias_group(tensor)
-    node = first.next
-    while node is not last and node.op != "root":
-        if any(target in group for target in written_nodes(node)):
-            return True
-        node = node.next
-    return False
-
-
 def widened_source(cast: Node, reader: Node) -> Node | None:
-    """x when ``cast`` is ``x`` cast from float16 / bfloat16 to float32 (an exact widening) and ``reader``, a
-    later node, may read x itself with dtype=torch.float32 instead: nothing writes into x and no grad-mode
-    switch lies between them; else None."""
+    """x when ``cast`` is ``x`` cast from float16 / bfloat16 to float32 (an exact widening; type_as a float32
+    tensor included) and ``reader``, a later node, may read x itself with dtype=torch.float32 instead: nothing
+    between them writes into x or into the cast's result (``w = x.float(); w.masked_fill_(...)``), and no
+    grad-mode switch lies between them; else None."""
     if not cast.args or not isinstance(cast.args[0], Node) or dtype_cast_target(cast) != torch.float32:
         return None
     x = cast.args[0]
     meta = tensor_meta(x)
-    if meta is None or meta.dtype not in _SIXTEEN_BIT:
+    if meta is None or meta.dtype not in _SIXTEEN_BIT or grad_mode_changes_between(cast, reader):
         return None
-    if grad_mode_changes_between(cast, reader) or _written_between(x, cast, reader):
+    if any(first_mutation(written, cast, before=reader) is not None for written in (x, cast)):
         return None
     return x
-
-
-def _records_grad(node: Node) -> bool:
-    value = node_value(node)
-    return not isinstance(value, torch.Tensor) or value.requires_grad
 
 
 @dataclass(frozen=True)
@@ -215,7 +199,8 @@ def absorb_casts(softmax: Node, input: Node, dtype: torch.dtype | None) -> Absor
     if dtype == torch.float32 and len(users) == 1 and source_meta is not None:
         cast = users[0]
         if (source_meta.dtype in _SIXTEEN_BIT and dtype_cast_target(cast) == source_meta.dtype
-                and not _records_grad(softmax) and not _records_grad(cast)):
+                and not records_grad(node_value(softmax)) and not records_grad(node_value(cast))
+                and not grad_mode_changes_between(softmax, cast)):
             output, dtype = cast, None
             erased.insert(0, cast)
     if source is not input and len(input.users) == 1:

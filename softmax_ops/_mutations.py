@@ -162,12 +162,12 @@ def written_nodes(node: Node) -> list[Node]:
     return written
 
 
-def first_mutation(tensor: Node, after: Node) -> Node | None:
-    """The first node after ``after`` (in graph order) that writes into ``tensor`` or a tensor sharing its
-    storage; None when there is none."""
+def first_mutation(tensor: Node, after: Node, before: Node | None = None) -> Node | None:
+    """The first node after ``after`` (and before ``before``, when given; in graph order) that writes into
+    ``tensor`` or a tensor sharing its storage; None when there is none."""
     group = alias_group(tensor)
     node = after.next
-    while node.op != "root":
+    while node.op != "root" and node is not before:
         if any(target in group for target in written_nodes(node)):
             return node
         node = node.next

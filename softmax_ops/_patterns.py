@@ -271,3 +271,10 @@ def grad_mode_changes_between(first: Node, last: Node) -> bool:
             return True
         node = node.next
     return False
+
+
+def records_grad(value: object) -> bool:
+    """Whether autograd records the op that produced ``value`` (an example tensor or a tuple starting with
+    one); True when unknown."""
+    tensor = value[0] if isinstance(value, (tuple, list)) and value else value
+    return not isinstance(tensor, torch.Tensor) or tensor.requires_grad

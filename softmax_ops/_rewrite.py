@@ -55,6 +55,7 @@ from softmax_ops._patterns import (
     parse_softmax,
     parse_sum,
     parse_topk,
+    records_grad,
     single_dim,
     softmax_kind,
     tensor_meta,
@@ -171,13 +172,6 @@ def _keeps_order(source: torch.dtype, target: torch.dtype) -> bool:
 def _saved_tensor_written(mutation: Node) -> str:
     return (f"{mutation.name} writes in place into the logits in a graph that records gradients, and "
             "fused_topk saves them for its backward (torch's softmax saves its output instead)")
-
-
-def _records_grad(value: object) -> bool:
-    """Whether autograd records the op that produced ``value`` (an example tensor or a tuple starting with
-    one); True when unknown."""
-    tensor = value[0] if isinstance(value, (tuple, list)) and value else value
-    return not isinstance(tensor, torch.Tensor) or tensor.requires_grad
 
 
 def _with_value(node: Node, template: Node, value: object) -> Node:
@@ -354,11 +348,15 @@ class _GraphRewriter:
         # x.unsqueeze_(0), x.set_(...); writes are refused too), and a graph that records gradients would have
         # fused_topk's saved logits written.
         shape_readers = [user for user in call.node.users if user is not topk.node]
-        records_grad = _records_grad(node_value(topk.node))
-        # softmax(x.float()) reads x with dtype=float32 (_fusion.py): no float32 copy of the logits.
-        logits, dtype = absorb_widening(call.node, call.input, dtype)
+        grad_recorded = records_grad(node_value(topk.node))
+        # softmax(x.float()) reads x with dtype=float32 (_fusion.py): no float32 copy of the logits. Not where
+        # gradients are recorded: fused_topk saves its logits, and the caller's x may change after the graph
+        # (the float32 copy is the graph's own).
+        logits = call.input
+        if not grad_recorded:
+            logits, dtype = absorb_widening(call.node, call.input, dtype)
         mutation = None
-        if problem is None and (shape_readers or records_grad):
+        if problem is None and (shape_readers or grad_recorded):
             mutation = first_mutation(logits, call.node)
         if mutation is not None and shape_readers:
             problem = (f"{mutation.name} changes the logits in place, and {shape_readers[0].name} reads the "
@@ -419,7 +417,7 @@ class _GraphRewriter:
         if problem is None and dtype is not None and not _keeps_order(logits.dtype, dtype):
             problem = (f"softmax dtype={dtype} of {logits.dtype} topk values: topk ranked the {logits.dtype} "
                        "logits, fused_topk would rank them after the cast")
-        if problem is None and _records_grad(node_value(call.node)):
+        if problem is None and records_grad(node_value(call.node)):
             mutation = first_mutation(topk.input, topk.node)
             if mutation is not None:
                 problem = _saved_tensor_written(mutation)

@@ -109,6 +109,51 @@ def test_widening_cast_with_logits_written_before_the_softmax_is_not_absorbed():
     assert "(l_x_," not in graph.replace("mul_(l_x_", "")  # no replacement reads the logits themselves
 
 
+CAST_RESULT_WRITES = {
+    "masked_fill_": lambda w: w.masked_fill_(torch.ones(4, 8, dtype=torch.bool, device=w.device).triu(1), -1e4),
+    "setitem": lambda w: w.__setitem__((slice(None), 0), 100.0),
+    "through_a_view": lambda w: w[:, :4].mul_(0),
+    "out": lambda w: torch.mul(w, 3, out=w),
+}
+
+
+@pytest.mark.parametrize("write", list(CAST_RESULT_WRITES))
+def test_widening_cast_whose_result_is_written_before_the_softmax_is_not_absorbed(write):
+    """The op would read x, without the write into the float32 copy (found in review: HF-style masking of a
+    float copy)."""
+    change = CAST_RESULT_WRITES[write]
+
+    def fn(x, y):
+        wide = x.float()
+        change(wide)
+        return torch.log_softmax(wide, -1) @ y, torch.topk(torch.softmax(wide, -1), 2)
+
+    x, y = logits(4, 8, dtype=torch.float16), torch.ones(8, 2, device=DEVICE)
+    outs = torch.compile(fn, backend=pass_backend, fullgraph=True)(x, y)
+    graph = softmax_ops.compile_report().graphs[0]
+    assert "(l_x_," not in graph
+    eager = fn(x, y)
+    torch.testing.assert_close(outs[0], eager[0])
+    torch.testing.assert_close(outs[1].values, eager[1].values)  # the writes make ties: indices may differ
+
+
+def test_fused_topk_with_gradients_keeps_reading_the_float32_copy():
+    """fused_topk saves its logits for the backward: the graph's own float32 copy, not the caller's x, which
+    may change after the graph ran (found in review)."""
+    def fn(x):
+        return torch.topk(torch.softmax(x.float(), -1), 2)
+
+    x = logits(4, 8, dtype=torch.float16).requires_grad_()
+    graph = rewritten_graph(fn, x * 1)
+    assert "fused_topk.default(float_1, 2, -1, False, None)" in graph
+    activations = x * 1
+    values, _ = torch.compile(fn, backend=pass_backend, fullgraph=True)(activations)
+    activations.mul_(2)  # the caller's tensor changes before the backward
+    values.sum().backward()
+    expected = torch.autograd.grad(fn(x * 1)[0].sum(), x)[0]
+    torch.testing.assert_close(x.grad, expected)
+
+
 def test_widening_cast_across_a_grad_mode_switch_is_not_absorbed():
     def fn(x, y):
         wide = x.float()
