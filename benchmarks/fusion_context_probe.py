@@ -45,6 +45,14 @@ def lm_head_sites(targets: torch.Tensor):
     }
 
 
+def router_sites():
+    """MoE router forms (x: router logits): HF Mixtral's softmax of a float32 copy, then top-k."""
+    return {
+        "router_float_input": lambda x, mask: torch.topk(F.softmax(x.float(), dim=-1), 2, dim=-1),
+        "router_dtype_argument": lambda x, mask: torch.topk(F.softmax(x, dim=-1, dtype=torch.float32), 2, dim=-1),
+    }
+
+
 # Sites also timed as a training step (forward and backward of the sum of the result).
 TRAINING_SITES = ("nll_loss",)
 
@@ -62,6 +70,10 @@ def compiled(fn, with_pass: bool):
     return torch.compile(copy, fullgraph=True)
 
 
+def first_tensor(value):
+    return value[0] if isinstance(value, (tuple, list)) else value
+
+
 def run_case(name, fn, x, mask, timer, rounds, train=False):
     """Times eager, torch.compile and torch.compile with the pass on one site; train: forward and backward."""
     if train:
@@ -69,16 +81,16 @@ def run_case(name, fn, x, mask, timer, rounds, train=False):
         name += "_train"
 
     def step(f):
-        return (lambda: f(x, mask).sum().backward()) if train else (lambda: f(x, mask))
+        return (lambda: first_tensor(f(x, mask)).sum().backward()) if train else (lambda: f(x, mask))
 
     plain = compiled(fn, with_pass=False)
     plain(x, mask)
     if softmax_ops.compile_report().rewritten:
         raise RuntimeError("the pass ran on the compilation meant to go without it")
     ours = compiled(fn, with_pass=True)
-    out = ours(x, mask)
+    out = first_tensor(ours(x, mask))  # top-k sites: the values
     report = softmax_ops.compile_report().summary().replace("\n", " | ")
-    ref = fn(x.detach().double(), mask.double()).to(out.dtype)
+    ref = first_tensor(fn(x.detach().double(), mask.double())).to(out.dtype)
     err = (out.detach().double() - ref.double()).abs().max().item()
     fns = {"eager": step(fn), "compile": step(plain), "compile+softmax_ops": step(ours)}
     best = {k: math.inf for k in fns}
@@ -102,7 +114,7 @@ def main() -> None:
     parser.add_argument("--rewrite-all", action="store_true",
                         help="the pass rewrites every softmax, fused neighbours or not (SOFTMAX_OPS_REWRITE_FUSED=1)")
     parser.add_argument("--device", default="cuda", help="cpu: a smoke test (set SOFTMAX_OPS_DEVICES=cuda,cpu)")
-    parser.add_argument("--sites", default="attention,lm", help="comma-separated: attention, lm")
+    parser.add_argument("--sites", default="attention,lm,router", help="comma-separated: attention, lm, router")
     parser.add_argument("--small", action="store_true", help="shapes 1/8 as long in the last two dims")
     args = parser.parse_args()
     torch._inductor.config.fx_graph_cache = False
@@ -136,6 +148,12 @@ def main() -> None:
             rows.append(run_case(name, fn, x, mask, timer, args.rounds))
             if name in TRAINING_SITES:
                 rows.append(run_case(name, fn, x, mask, timer, args.rounds, train=True))
+    for shape, dtype in [((65536, 64), torch.bfloat16), ((16384, 256), torch.bfloat16)]:
+        if "router" not in args.sites:
+            break
+        x = torch.randn(cut(shape), device=device, dtype=dtype, generator=gen) * 3
+        for name, fn in router_sites().items():
+            rows.append(run_case(name, fn, x, torch.zeros((), device=device, dtype=dtype), timer, args.rounds))
     if args.json:
         with open(args.json, "w") as f:
             gpu = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"

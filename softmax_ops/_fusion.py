@@ -11,7 +11,9 @@ on (8192, 32000) bf16 611 -> 1253. So the pass
 
 * absorbs a widening cast in front (``x.float()``, ``x.to(torch.float32)``): ``softmax(x.float(), d)`` is by
   definition ``softmax(x, d, dtype=torch.float32)``, which our ops compute reading x once (the last case:
-  1253 -> 643 us; (2048, 151936) fp16 1518 -> 843, torch.compile 1269);
+  1253 -> 643 us; (2048, 151936) fp16 1518 -> 843, torch.compile 1269). Not when anything writes into x or
+  into the cast's result in between, and for fused_topk (which saves its logits for the backward) only
+  where no gradient is recorded;
 * absorbs a cast back to the input's 16-bit dtype behind a float32 softmax (``.to(x.dtype)``, ``.half()``,
   ``.type_as(x)``) where no gradient is recorded: the result is the float32 math rounded once to 16 bits, as
   before. With gradients it is left alone, since the backward would then start from the rounded output
