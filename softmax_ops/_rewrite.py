@@ -14,8 +14,9 @@ static int k, no other reader of an intermediate that disappears (a softmax outp
 only its shape, such as HF Mixtral's ``zeros_like(probs).scatter_(...)``: _metadata_uses.py), no grad-mode
 switch inside a fused pattern, a topk_softmax ``dtype=`` that only widens the logits, and, where the graph
 records gradients, no later in-place write into the logits (fused_topk saves them; _mutations.py). A graph
-holding a torch.func transform or a forward-mode AD region is left alone entirely. Every candidate left
-alone is reported with the reason.
+holding a torch.func transform or a forward-mode AD region is left alone entirely. Casts around a softmax
+become the replacement's dtype, and a softmax whose neighbours inductor would compute inside its own kernel
+is left to inductor (_fusion.py). Every candidate left alone is reported with the reason.
 
 Ties: torch.topk does not specify which of several equal values it returns ("the indices of tied elements
 are not guaranteed to be stable"). fused_topk ranks by logit, equal logits to the lower index, so where
