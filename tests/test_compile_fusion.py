@@ -58,6 +58,15 @@ def test_widening_cast_in_front_becomes_the_dtype_argument(cast, kind):
     ]
 
 
+def test_widening_type_as_a_float32_tensor_becomes_the_dtype_argument():
+    def fn(x, reference):
+        return torch.softmax(x.type_as(reference), -1) @ reference
+
+    graph = rewritten_graph(fn, logits(4, 8, dtype=torch.float16), torch.ones(8, 8, device=DEVICE))
+    assert "softmax_ops.softmax.default(l_x_, -1, torch.float32)" in graph
+    assert "type_as" not in graph
+
+
 def test_widening_cast_read_elsewhere_stays_for_its_other_reader():
     def fn(x):
         wide = x.float()
