@@ -325,6 +325,28 @@ def test_consumers_that_need_the_whole_output_keep_the_rewrite(consumer):
     assert softmax_ops.compile_report().rewrites["softmax"] == 1
 
 
+class AttentionWithDropout(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout = torch.nn.Dropout(0.1)
+
+    def forward(self, scores, v):
+        return (self.dropout(torch.softmax(scores, -1)) @ v, F.dropout(torch.softmax(scores, 0), 0.0) @ v)
+
+
+def test_dropout_that_returns_its_input_is_looked_through():
+    """nn.Dropout in eval mode and p=0 return their input: the matmul behind them is the real reader."""
+    block = AttentionWithDropout().eval()
+    scores, v = logits(8, 8), logits(8, 3, seed=1)
+    torch.compile(block, backend=pass_backend, fullgraph=True)(scores, v)
+    assert softmax_ops.compile_report().rewrites["softmax"] == 2
+    block.train()
+    torch._dynamo.reset()
+    softmax_ops.reset_compile_report()
+    torch.compile(block, backend=pass_backend, fullgraph=True)(scores, v)
+    assert left_to_inductor("consumer") == [("softmax", True)]  # the training dropout; p=0 still looked through
+
+
 def test_neighbours_inductor_keeps_apart_are_rewritten():
     """Graph inputs and matmuls are kernels of their own either way: rewritten. A gather of a few
     log-probabilities inductor computes inside its log_softmax kernel, which never writes the rest: left."""
