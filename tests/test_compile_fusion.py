@@ -347,6 +347,15 @@ def test_dropout_that_returns_its_input_is_looked_through():
     assert left_to_inductor("consumer") == [("softmax", True)]  # the training dropout; p=0 still looked through
 
 
+def test_casts_to_the_dtype_a_tensor_has_are_looked_through():
+    """HF eager attention in a float32 model: ``softmax(s, dtype=float32).to(q.dtype)`` casts nothing."""
+    def fn(q, v):
+        return F.softmax(q.float() @ q.T, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+
+    graph = rewritten_graph(fn, logits(8, 8), logits(8, 3, seed=1))
+    assert "softmax_ops.softmax.default(matmul, -1, torch.float32)" in graph
+
+
 def test_neighbours_inductor_keeps_apart_are_rewritten():
     """Graph inputs and matmuls are kernels of their own either way: rewritten. A gather of a few
     log-probabilities inductor computes inside its log_softmax kernel, which never writes the rest: left."""
