@@ -54,7 +54,7 @@ from softmax_ops._metadata_uses import reads_only_metadata
 from softmax_ops._mutations import first_mutation
 from softmax_ops._patterns import grad_mode_changes_between, node_value, records_grad, tensor_meta
 
-# Calls inductor computes inside a neighbouring reduction's kernel (pointwise, same device).
+# Producers inductor computes inside the softmax's own kernel (elementwise, same device).
 _ELEMENTWISE_FUNCTIONS = frozenset({
     operator.add, operator.sub, operator.mul, operator.truediv, operator.neg, operator.pow,
     operator.iadd, operator.isub, operator.imul, operator.itruediv,
@@ -88,7 +88,8 @@ REWRITE_FUSED_ENV = "SOFTMAX_OPS_REWRITE_FUSED"
 
 
 def keeps_inductor_fusions() -> bool:
-    """Whether softmaxes with fused elementwise neighbours are left to inductor (the default)."""
+    """Whether softmaxes whose neighbours inductor computes in the same kernel are left to inductor (the
+    default; SOFTMAX_OPS_REWRITE_FUSED=1 turns it off)."""
     return os.environ.get(REWRITE_FUSED_ENV, "0") != "1"
 
 
@@ -129,6 +130,7 @@ def is_elementwise(node: Any) -> bool:
 
 
 def is_view(node: Any) -> bool:
+    """Whether ``node`` only re-indexes its first argument (inductor computes through it)."""
     return _calls(node, _VIEW_FUNCTIONS, _VIEW_METHODS) and bool(node.args) and isinstance(node.args[0], Node)
 
 
