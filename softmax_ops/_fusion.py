@@ -72,7 +72,9 @@ _ELEMENTWISE_METHODS = frozenset({
     "__iadd__", "__isub__", "__imul__", "__itruediv__",
     "float", "half", "bfloat16", "double", "to", "type", "type_as",
 })
-# Calls that only re-index their first argument: inductor fuses through them.
+# Calls that only re-index their first argument: inductor fuses through them. Narrower than _mutations.py's
+# _VIEW_NAMES, which lists every call whose result MAY share storage (casts, dropout, .cpu() included): that
+# list must over-approximate aliasing, this one must not claim a copy is free.
 _VIEW_FUNCTIONS = frozenset({
     torch.reshape, torch.transpose, torch.permute, torch.flatten, torch.squeeze, torch.unsqueeze,
     torch.Tensor.view, torch.Tensor.reshape, torch.Tensor.transpose, torch.Tensor.permute,
@@ -209,7 +211,7 @@ def absorb_casts(softmax: Node, input: Node, dtype: torch.dtype | None) -> Absor
             output, dtype = cast, None
             erased.insert(0, cast)
     if source is not input and len(input.users) == 1:
-        erased.append(input)  # the cast in front, read by the softmax alone
+        erased.append(input)  # the cast in front, read by the softmax alone (fused_neighbour's path needs it)
     return Absorbed(source, dtype, output, tuple(erased))
 
 
