@@ -42,7 +42,9 @@ def measured(payload: dict, time: bool = False) -> Iterable[tuple[Case, float, s
         if not is_tune:
             value = row.get("ms") if time else row.get("xcopy", row.get("xsum"))
             if row.get("impl") == OURS and value is not None:
-                yield (row["op"], row["dtype"], shape_text(row["shape"]), str(row.get("k", ""))), \
+                # bench --out-dtype rows are a dtype pair of their own ("bf16->fp32", as tune rows name them).
+                dtype = f"{row['dtype']}->{row['out_dtype']}" if row.get("out_dtype") else row["dtype"]
+                yield (row["op"], dtype, shape_text(row["shape"]), str(row.get("k", ""))), \
                     value * 1e3 if time else value, row.get("kernel") or ""
             continue
         op = row.get("op", "fused_topk")  # tune_topk.py rows carry no op
@@ -84,7 +86,7 @@ def compare(base_paths: list[str], new_paths: list[str], time: bool = False) -> 
         new_mean = sum(new_runs) / len(new_runs)
         change = f"{(new_mean / base_mean - 1) * 100:+.1f}%" if time else f"{new_mean - base_mean:+.2f}"
         digits = 1 if time else 2
-        lines.append(f"{op:22s} {dtype:5s} {label:16s} base {' '.join(f'{r:.{digits}f}' for r in base_runs):16s} "
+        lines.append(f"{op:22s} {dtype:10s} {label:16s} base {' '.join(f'{r:.{digits}f}' for r in base_runs):16s} "
                      f"new {' '.join(f'{r:.{digits}f}' for r in new_runs):16s} {change:>6s}  {new_kernels[case]}")
     return lines
 

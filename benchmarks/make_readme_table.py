@@ -47,7 +47,9 @@ def _geomean(values: list[float]) -> float:
 
 
 def _case_key(row: dict) -> tuple:
-    return (row["op"], row["dtype"], row["shape"], row.get("k", 0))
+    # A row with its own result dtype (bench --out-dtype) is a dtype of its own: "bf16->fp32".
+    dtype = f"{row['dtype']}->{row['out_dtype']}" if row.get("out_dtype") else row["dtype"]
+    return (row["op"], dtype, row["shape"], row.get("k", 0))
 
 
 def _sorted_ops(ops: Iterable[str]) -> list[str]:

@@ -19,6 +19,7 @@ One GPU call (no new case starts after --time-budget seconds, counted from the s
     python3 benchmarks/tune_softmax.py --json $OUT/tune_softmax.json
     python3 benchmarks/tune_softmax.py --ops softmax --dtypes bf16 --shapes 2048x4096,64x151936
     python3 benchmarks/tune_softmax.py --dry-run      # plans only (explain), no timing; works without a GPU
+    python3 benchmarks/tune_softmax.py --dtypes fp16,bf16 --out-dtype fp32   # softmax(x_half, dtype=float32)
 
 Table on stdout: per kernel ``us xCopy``; ``FASTER`` lists forced kernels more than 5% faster than the
 automatic choice (a dispatcher threshold to revisit).
@@ -93,6 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", default=None,
                         help="comma-separated ROWSxN (default: PERF.md's sweep plus "
                         + ", ".join(f"{r}x{n}" for r, n in EXTRA_SHAPES) + ")")
+    parser.add_argument("--out-dtype", default=None, metavar="DTYPE",
+                        help="the forward's dtype= (e.g. fp32 with --dtypes fp16,bf16); the backward ops then run "
+                        "that forward's backward (see softmax_ops._bench_cases.Case)")
     parser.add_argument("--kernels", default=None,
                         help="comma-separated forced kernels, or none (the automatic choice only; default: "
                         "list_kernels(family) without " + ", ".join(DEFAULT_LEFT_OUT) + ")")
@@ -146,22 +150,23 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
 
     family = FAMILY[case.op]
     prepared = prepare_case(case, device, {}, with_compile=False)
-    copy_key = (case.shape, case.dtype_name, family)
+    copy_key = (case.shape, case.dtype_text, family)
     if copy_key not in copy_cache:
         copy_cache[copy_key] = timer(prepared.yardstick)
     copy_ms = copy_cache[copy_key]
     ours = prepared.impls[OURS]
-    row = CaseRow(op=case.op, shape=case.shape_text, dtype=case.dtype_name,
+    read_dtype, out_dtype = _explain_dtypes(case)
+    row = CaseRow(op=case.op, shape=case.shape_text, dtype=case.dtype_text,
                   megabytes=round(case.numel * case.element_size / 2**20, 2), copy_ms=copy_ms,
-                  auto_kernel=chosen_kernel(case.op, case.shape, case.dtype, 0, device))
-    auto_plan, _ = plan_of(softmax_ops.explain(case.shape, case.dtype, op=case.op))
+                  auto_kernel=chosen_kernel(case.op, case.shape, read_dtype, 0, device, out_dtype))
+    auto_plan, _ = plan_of(_explain(case))
     auto = _measure(ours, prepared.check, timer, copy_ms, AUTO, auto_plan)
     row.timings.append(auto)
     if with_eager:
         row.timings.append(_measure(prepared.impls[EAGER_IMPL], prepared.check, timer, copy_ms, EAGER, None))
     for name in kernels:
         with softmax_ops.force_kernel(family, name):
-            plan, why_not = plan_of(softmax_ops.explain(case.shape, case.dtype, op=case.op))
+            plan, why_not = plan_of(_explain(case))
             forced = Timing(name, note=why_not) if plan is None else _measure(
                 ours, prepared.check, timer, copy_ms, name, plan)
         row.timings.append(forced)
@@ -170,6 +175,18 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
     del prepared
     torch.cuda.empty_cache()
     return row
+
+
+def _explain_dtypes(case):
+    """explain's (dtype, out_dtype) for a case: the dtype it reads, and the one it writes where that differs."""
+    return case.stream_dtype, (case.result_dtype if case.out_dtype_name else None)
+
+
+def _explain(case) -> str:
+    import softmax_ops
+
+    dtype, out_dtype = _explain_dtypes(case)
+    return softmax_ops.explain(case.shape, dtype, op=case.op, out_dtype=out_dtype)
 
 
 def _fits(case, device) -> str | None:
@@ -195,13 +212,13 @@ def format_table(rows: list[CaseRow], kernels: list[str]) -> str:
     """One line per (shape, dtype, op): copy time, auto choice, eager, each forced kernel, flags."""
     columns = [AUTO, EAGER, *kernels]
     width = 14
-    head = f"{'shape':>12} {'dtype':>5} {'op':>6} {'copy us':>8} {'auto kernel':>15}"
+    head = f"{'shape':>12} {'dtype':>10} {'op':>6} {'copy us':>8} {'auto kernel':>15}"
     head += "".join(f" | {name[:width]:>{width}}" for name in columns) + " | forced faster than auto"
     lines = [head, "-" * len(head)]
     for row in rows:
         cells = {t.kernel: t for t in row.timings}
         copy_us = f"{row.copy_ms * 1e3:8.1f}" if row.copy_ms else f"{'-':>8}"
-        line = f"{row.shape:>12} {row.dtype:>5} {SHORT_OP[row.op]:>6} {copy_us} {row.auto_kernel[:15]:>15}"
+        line = f"{row.shape:>12} {row.dtype:>10} {SHORT_OP[row.op]:>6} {copy_us} {row.auto_kernel[:15]:>15}"
         line += "".join(f" | {_cell(cells.get(name)):>{width}}" for name in columns)
         line += " | " + (", ".join(row.faster_than_auto) or "-")
         lines.append(line)
@@ -254,12 +271,12 @@ def _dry_run(cases, kernels: dict[str, list[str]]) -> int:
 
     for case in cases:
         family = FAMILY[case.op]
-        auto_plan, _ = plan_of(softmax_ops.explain(case.shape, case.dtype, op=case.op))
-        print(f"{case.shape_text:>12} {case.dtype_name:>5} {case.op:<21} auto  {auto_plan}")
+        auto_plan, _ = plan_of(_explain(case))
+        print(f"{case.shape_text:>12} {case.dtype_text:>10} {case.op:<21} auto  {auto_plan}")
         for name in kernels[family]:
             with softmax_ops.force_kernel(family, name):
-                plan, why_not = plan_of(softmax_ops.explain(case.shape, case.dtype, op=case.op))
-            print(f"{'':>41} {name:<16} {plan or why_not}")
+                plan, why_not = plan_of(_explain(case))
+            print(f"{'':>46} {name:<16} {plan or why_not}")
     return 0
 
 
@@ -271,12 +288,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import softmax_ops
-    from softmax_ops._bench_cases import SWEEP_SHAPES, Case, parse_dtypes, parse_shapes
+    from softmax_ops._bench_cases import SWEEP_SHAPES, Case, parse_dtypes, parse_out_dtype, parse_shapes
     from softmax_ops._bench_timing import make_timer
 
     try:
         ops = parse_op_list(args.ops)
         dtypes = parse_dtypes(args.dtypes)
+        out_dtype = parse_out_dtype(args.out_dtype)
         shapes = [(r, n) for r, n, _ in parse_shapes(args.shapes)] if args.shapes else SWEEP_SHAPES + EXTRA_SHAPES
     except ValueError as error:
         parser.error(str(error))
@@ -292,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--kernels: {family} has no {', '.join(missing)} (it has {', '.join(available)})")
         kernels[family] = wanted
     ops = [op for op in OPS if op in ops]
-    cases = [Case(op, dtype_name, rows, cols) for op in ops for rows, cols in shapes for dtype_name in dtypes]
+    cases = [Case(op, dtype_name, rows, cols, out_dtype_name=out_dtype if out_dtype != dtype_name else None)
+             for op in ops for rows, cols in shapes for dtype_name in dtypes]
     if args.dry_run:
         return _dry_run(cases, kernels)
     if not torch.cuda.is_available():
@@ -313,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     not_run: list[str] = []
     copy_cache: dict = {}
     for case in cases:
-        label = f"{case.shape_text} {case.dtype_name} {case.op}"
+        label = f"{case.shape_text} {case.dtype_text} {case.op}"
         if time.monotonic() - start > args.time_budget:
             not_run.append(f"{label} (time budget)")
             continue

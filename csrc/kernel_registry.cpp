@@ -67,7 +67,7 @@ std::vector<std::string> list_kernels(const std::string& family) {
 }
 
 std::string explain(const std::string& op, std::vector<int64_t> shape, int64_t dim, c10::ScalarType dtype,
-                    int64_t k) {
+                    int64_t k, std::optional<c10::ScalarType> out_dtype) {
   const std::string family = family_of_op(op);
   ExplainFn fn = nullptr;
   {
@@ -79,7 +79,7 @@ std::string explain(const std::string& op, std::vector<int64_t> shape, int64_t d
   if (fn == nullptr) {
     return "CPU-only build: " + op + " runs the CPU kernel (one row per task, fp32 accumulation).";
   }
-  return fn(op, shape, dim, dtype, k);
+  return fn(op, shape, dim, dtype, k, out_dtype);
 }
 
 }  // namespace softmax_ops

@@ -65,11 +65,14 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
   return *dtype;
 }
 
-at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dtype) {
-  const at::ScalarType in = self.scalar_type();
+at::ScalarType softmax_kernel_input_dtype(at::ScalarType in, at::ScalarType result_dtype) {
   const bool half_to_float = (in == at::kHalf || in == at::kBFloat16) && result_dtype == at::kFloat;
-  if (in == result_dtype || half_to_float) return self.contiguous();
-  return self.to(result_dtype).contiguous();
+  return half_to_float ? in : result_dtype;
+}
+
+at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dtype) {
+  const at::ScalarType read = softmax_kernel_input_dtype(self.scalar_type(), result_dtype);
+  return (self.scalar_type() == read ? self : self.to(read)).contiguous();
 }
 
 int64_t check_topk_k(const at::Tensor& self, int64_t wrapped_dim, int64_t k) {

@@ -52,17 +52,43 @@ TOPK_INDEX_BYTES = 8
 
 @dataclass(frozen=True)
 class Case:
-    """One benchmark row: an op on a (rows, cols) tensor of ``dtype`` reduced over the last dim."""
+    """One benchmark row: an op on a (rows, cols) tensor of ``dtype`` reduced over the last dim.
+
+    ``out_dtype_name`` (``--out-dtype``) is the ``dtype=`` of ``softmax(x, -1, dtype=...)`` where it differs from
+    x's dtype: the forward then writes it, and the backward ops run that forward's backward (grad_output and
+    output in it, the gradient in x's dtype). None for fused_topk, whose values are float32 anyway.
+    """
 
     op: str
     dtype_name: str
     rows: int
     cols: int
     k: int = 0
+    out_dtype_name: str | None = None
 
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.dtype_name]
+
+    @property
+    def out_dtype(self) -> torch.dtype:
+        """The forward's result dtype (x's dtype unless ``out_dtype_name`` says otherwise)."""
+        return DTYPES[self.out_dtype_name or self.dtype_name]
+
+    @property
+    def stream_dtype(self) -> torch.dtype:
+        """The dtype of the tensors the op reads: x for the forward ops, grad_output and output for a backward."""
+        return self.out_dtype if self.op in BACKWARD_OPS else self.dtype
+
+    @property
+    def result_dtype(self) -> torch.dtype:
+        """The dtype the op writes: the forward's result, or the backward's gradient (x's dtype)."""
+        return self.dtype if self.op in BACKWARD_OPS else self.out_dtype
+
+    @property
+    def dtype_text(self) -> str:
+        """``bf16``, or ``bf16->fp32`` for a case with a different result dtype."""
+        return f"{self.dtype_name}->{self.out_dtype_name}" if self.out_dtype_name else self.dtype_name
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -78,21 +104,21 @@ class Case:
 
     @property
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return _element_size(self.dtype)
 
     @property
     def bytes_moved(self) -> int:
         """The bytes the op must move at minimum (the roofline numerator for GB/s).
 
-        softmax: read N + write N; backward: read grad and output + write grad input; fused_topk: read the
-        logits + write k values and k indices per row.
+        softmax: read N + write N; backward: read grad and output + write grad input (each in its own dtype);
+        fused_topk: read the logits + write k values and k indices per row.
         """
-        tensor_bytes = self.numel * self.element_size
+        read = self.numel * _element_size(self.stream_dtype)
         if self.op in SOFTMAX_LIKE_OPS:
-            return 2 * tensor_bytes
+            return read + self.numel * _element_size(self.result_dtype)
         if self.op in BACKWARD_OPS:
-            return 3 * tensor_bytes
-        return tensor_bytes + self.rows * self.k * (TOPK_VALUE_BYTES + TOPK_INDEX_BYTES)
+            return 2 * read + self.numel * _element_size(self.result_dtype)
+        return read + self.rows * self.k * (TOPK_VALUE_BYTES + TOPK_INDEX_BYTES)
 
     @property
     def reference_name(self) -> str:
@@ -102,7 +128,7 @@ class Case:
     def device_bytes_needed(self) -> int:
         """A generous estimate of the device memory this case needs (inputs, outputs of every impl, the
         float64 reference), to skip shapes that do not fit rather than die with an out-of-memory error."""
-        tensor_bytes = self.numel * self.element_size
+        tensor_bytes = self.numel * max(self.element_size, _element_size(self.out_dtype))
         fp64_bytes = self.numel * 8
         # The float64 reference plus the two float64 temporaries of an error check are the peak.
         if self.op == TOPK_OP:
@@ -112,8 +138,12 @@ class Case:
         return 5 * tensor_bytes + 3 * fp64_bytes
 
     def label(self) -> str:
-        text = f"{self.op} {self.dtype_name} {self.shape_text}"
+        text = f"{self.op} {self.dtype_text} {self.shape_text}"
         return f"{text} k{self.k}" if self.op == TOPK_OP else text
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -161,13 +191,31 @@ def parse_ops(text: str) -> list[str]:
     return ops
 
 
+def parse_out_dtype(text: str | None) -> str | None:
+    """Parse ``--out-dtype`` (one dtype name or alias); None when absent.
+
+    Example:
+        >>> parse_out_dtype("float32")
+        'fp32'
+    """
+    if text is None:
+        return None
+    name = DTYPE_ALIASES.get(text.strip().lower(), text.strip().lower())
+    if name not in DTYPES:
+        raise ValueError(f"--out-dtype: unknown dtype {text!r} (choose one of {', '.join(DTYPES)})")
+    return name
+
+
 def build_cases(
-    ops: list[str], dtype_names: list[str], shapes: list[tuple[int, int, int]] | None, quick: bool
+    ops: list[str], dtype_names: list[str], shapes: list[tuple[int, int, int]] | None, quick: bool,
+    out_dtype_name: str | None = None,
 ) -> list[Case]:
     """Every (op, dtype, shape) row to run, in table order.
 
     ``shapes`` (from ``--shapes``) replaces the sweep for the softmax ops; for fused_topk it selects the
-    table's cases with the same rows x N (any k), or runs ``ROWSxNkK`` entries as given.
+    table's cases with the same rows x N (any k), or runs ``ROWSxNkK`` entries as given. ``out_dtype_name``
+    gives the softmax-family cases of every other dtype that result dtype (see :class:`Case`); a dtype equal
+    to it runs as usual.
     """
     softmax_shapes = QUICK_SHAPES if quick else SWEEP_SHAPES
     topk_cases = QUICK_TOPK_CASES if quick else TOPK_CASES
@@ -185,5 +233,6 @@ def build_cases(
             if op == TOPK_OP:
                 cases += [Case(op, dtype_name, rows, cols, k) for rows, cols, k in topk_cases if k <= cols]
             else:
-                cases += [Case(op, dtype_name, rows, cols) for rows, cols in softmax_shapes]
+                out = out_dtype_name if out_dtype_name != dtype_name else None
+                cases += [Case(op, dtype_name, rows, cols, out_dtype_name=out) for rows, cols in softmax_shapes]
     return cases

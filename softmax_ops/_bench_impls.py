@@ -131,37 +131,43 @@ def _prepare_forward(case: Case, device: torch.device, extra: dict, with_compile
     log = case.op == "log_softmax"
     torch_fn = torch.log_softmax if log else torch.softmax
     ours_fn = softmax_ops.log_softmax if log else softmax_ops.softmax
+    # dtype=None unless the case has its own result dtype: the plain call is the one the sweep has always timed.
+    dtype = case.out_dtype if case.out_dtype_name else None
     impls: dict[str, Callable[[], object]] = {
-        OURS: lambda: ours_fn(x, -1),
-        EAGER: lambda: torch_fn(x, -1),
+        OURS: lambda: ours_fn(x, -1, dtype=dtype),
+        EAGER: lambda: torch_fn(x, -1, dtype=dtype),
     }
     unavailable: dict[str, str] = {}
     if with_compile:
-        _add_compiled(impls, unavailable, lambda t: torch_fn(t, -1), x)
-    if not log:
+        _add_compiled(impls, unavailable, lambda t: torch_fn(t, -1, dtype=dtype), x)
+    if not log and dtype is None:  # Liger's and Quack's softmax have no dtype=
         for name in (LIGER, QUACK):
             entry = extra.get(name)
             if callable(entry):
                 impls[name] = lambda entry=entry: entry(x)
     reference = torch_fn(x.double(), -1)
-    torch_error = _max_error(torch_fn(x, -1), reference)
+    torch_error = _max_error(torch_fn(x, -1, dtype=dtype), reference)
     scale = reference.abs().max().item() if log else 1.0  # log-probabilities can be large
-    destination = torch.empty_like(x)
+    # The yardstick moves the same bytes: a converting copy when the result dtype differs.
+    destination = torch.empty_like(x, dtype=case.out_dtype)
 
     def check(output: object) -> Check:
         assert isinstance(output, torch.Tensor)
-        if output.shape != x.shape or output.dtype != x.dtype:
+        if output.shape != x.shape or output.dtype != case.out_dtype:
             return Check(math.inf, 0.0, f"wrong output {tuple(output.shape)} {output.dtype}")
-        return Check(_max_error(output, reference), _bound(torch_error, case.dtype, scale))
+        return Check(_max_error(output, reference), _bound(torch_error, case.out_dtype, scale))
 
     return PreparedCase(case, impls, lambda: destination.copy_(x), check, unavailable)
 
 
 def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
+    # The backward of softmax(x, -1, dtype=case.out_dtype): grad_output and output in that dtype, the gradient
+    # in x's dtype (dtype below).
     x = _random(case.shape, case.dtype, device, seed=0)
-    grad = _random(case.shape, case.dtype, device, seed=1)
+    grad = _random(case.shape, case.stream_dtype, device, seed=1)
     log = case.op == "log_softmax_backward"
-    output = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    forward_dtype = case.out_dtype if case.out_dtype_name else None
+    output = torch.log_softmax(x, -1, dtype=forward_dtype) if log else torch.softmax(x, -1, dtype=forward_dtype)
     dtype = case.dtype
     if log:
         ours_op = torch.ops.softmax_ops.log_softmax_backward.default
@@ -169,27 +175,34 @@ def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compil
     else:
         ours_op = torch.ops.softmax_ops.softmax_backward.default
         aten_op = torch.ops.aten._softmax_backward_data.default
+
+    def torch_backward(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        # On CUDA aten writes a 16-bit gradient of float32 streams itself (then .to is a no-op); its CPU kernel
+        # returns float32, and autograd there runs the float32 backward and then the input cast's backward.
+        return aten_op(g, y, -1, dtype).to(dtype)
+
     impls: dict[str, Callable[[], object]] = {
         OURS: lambda: ours_op(grad, output, -1, dtype),
-        EAGER: lambda: aten_op(grad, output, -1, dtype),
+        EAGER: lambda: torch_backward(grad, output),
     }
     unavailable: dict[str, str] = {}
     if with_compile:
-        _add_compiled(impls, unavailable, lambda g, y: aten_op(g, y, -1, dtype), grad, output)
+        _add_compiled(impls, unavailable, torch_backward, grad, output)
     quack_bwd = extra.get(QUACK + "_bwd")
-    if not log and callable(quack_bwd):
+    if not log and callable(quack_bwd) and forward_dtype is None:
         impls[QUACK] = lambda: quack_bwd(grad, output)
     grad64, output64 = grad.double(), output.double()
     if log:
         reference = grad64 - output64.exp() * grad64.sum(-1, keepdim=True)
     else:
         reference = output64 * (grad64 - (grad64 * output64).sum(-1, keepdim=True))
-    torch_error = _max_error(aten_op(grad, output, -1, dtype), reference)
+    torch_error = _max_error(torch_backward(grad, output), reference)
     scale = reference.abs().max().item()
     # PERF.md: the backward moves 1.5x a copy's bytes (reads 2 tensors, writes 1), so its yardstick is a copy
-    # of 1.5x the elements.
-    copy_elements = math.ceil(1.5 * case.numel)
-    source = torch.empty(copy_elements, dtype=dtype, device=device).normal_()
+    # of 1.5x the elements; in general, a copy of half the bytes the backward moves, read and written.
+    stream_size = grad.element_size()
+    copy_elements = math.ceil(case.bytes_moved / 2 / stream_size)
+    source = torch.empty(copy_elements, dtype=case.stream_dtype, device=device).normal_()
     destination = torch.empty_like(source)
 
     def check(result: object) -> Check:
@@ -244,13 +257,15 @@ _KERNEL_FAMILY = {
 }
 
 
-def chosen_kernel(op: str, shape: tuple[int, ...], dtype: torch.dtype, k: int, device: torch.device) -> str:
-    """The kernel the dispatcher picks for ``op`` on ``shape``/``dtype``: the name from ``list_kernels`` that
-    ``explain`` mentions first (its choice), else explain's first line; "cpu" for the CPU kernels."""
+def chosen_kernel(op: str, shape: tuple[int, ...], dtype: torch.dtype, k: int, device: torch.device,
+                  out_dtype: torch.dtype | None = None) -> str:
+    """The kernel the dispatcher picks for ``op`` on ``shape``/``dtype`` (``out_dtype``: see ``explain``): the name
+    from ``list_kernels`` that ``explain`` mentions first (its choice), else explain's first line; "cpu" for the
+    CPU kernels."""
     if device.type != "cuda":
         return "cpu"
     try:
-        why = softmax_ops.explain(shape, dtype, op=op, k=k)
+        why = softmax_ops.explain(shape, dtype, op=op, k=k, out_dtype=out_dtype)
     except Exception as error:  # noqa: BLE001  (the table shows why instead of dying mid-run)
         return f"explain failed: {error}"
     names = softmax_ops.list_kernels(_KERNEL_FAMILY[op])

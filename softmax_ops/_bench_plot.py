@@ -33,7 +33,8 @@ def plot_rows(rows: list[dict], path: str, title: str) -> None:
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         if row.get("impl") in PLOTTED_IMPLS and row.get("gbps") is not None:
-            groups.setdefault((row["op"], row["dtype"]), []).append(row)
+            dtype = f"{row['dtype']}->{row['out_dtype']}" if row.get("out_dtype") else row["dtype"]
+            groups.setdefault((row["op"], dtype), []).append(row)
     if not groups:
         raise ValueError("--plot: no timed rows to plot")
     figure, axes = plt.subplots(len(groups), 2, figsize=(16, 3.2 * len(groups)), squeeze=False)

@@ -37,6 +37,7 @@ class Row:
     k: int = 0
     note: str | None = None
     ms_rounds: list[float] | None = None  # every round's time; ``ms`` is the smallest
+    out_dtype: str | None = None  # the forward's dtype= where it differs from ``dtype`` (see Case)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -51,6 +52,8 @@ class Row:
             data.pop("k")
         if self.note is None:
             data.pop("note")
+        if self.out_dtype is None:
+            data.pop("out_dtype")
         return data
 
 
@@ -85,6 +88,7 @@ class CaseResult:
                 gbps=gbps, ratio=ratio, ratio_name=self.case.reference_name,
                 kernel=self.kernel if impl == "softmax_ops" else None, k=self.case.k,
                 note=self.notes.get(impl), ms_rounds=self.round_times.get(impl),
+                out_dtype=self.case.out_dtype_name,
             ))
         return rows
 
@@ -118,7 +122,7 @@ def format_table(results: Iterable[CaseResult], baselines: list[str]) -> str:
         case = result.case
         ours_ms = result.times.get("softmax_ops")
         line = [
-            case.op, case.dtype_name, case.shape_text, str(case.k) if case.k else "",
+            case.op, case.dtype_text, case.shape_text, str(case.k) if case.k else "",
             _fmt(ours_ms, ".4f") if ours_ms else (result.notes.get("softmax_ops") or "-")[:28],
             _fmt(case.bytes_moved / (ours_ms * 1e-3) / 1e9 if ours_ms else None, ".0f"),
             _fmt(result.ratio, ".2f"),
@@ -144,7 +148,7 @@ def summary_lines(results: list[CaseResult], baselines: list[str]) -> list[str]:
     lines = []
     groups: dict[tuple[str, str], list[CaseResult]] = {}
     for result in results:
-        groups.setdefault((result.case.op, result.case.dtype_name), []).append(result)
+        groups.setdefault((result.case.op, result.case.dtype_text), []).append(result)
     for (op, dtype_name), group in groups.items():
         timed = [r for r in group if r.ratio is not None]
         name = "xSum" if op == TOPK_OP else "xCopy"

@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", default=None,
                         help="comma-separated ROWSxN (e.g. 4096x4096,4x262144) replacing the sweep; fused_topk "
                         "runs the table's cases with that ROWSxN, or ROWSxNkK as given (e.g. 64x151936k50)")
+    parser.add_argument("--out-dtype", default=None, metavar="DTYPE",
+                        help="the result dtype of softmax(x, -1, dtype=DTYPE) for the softmax-family cases (e.g. "
+                        "fp32 with --dtypes fp16,bf16: the 16-bit input read directly); the backward ops then run "
+                        "that forward's backward (float32 grad_output and output, a 16-bit gradient)")
     parser.add_argument("--quick", action="store_true",
                         help="a handful of small shapes (usable on CPU, where timing uses time.perf_counter)")
     parser.add_argument("--device", default=None, help="cuda (default when present) or cpu")
@@ -139,7 +143,8 @@ def run_case(case: Case, device: torch.device, timer: Timer, extra: dict, wanted
     checked[YARDSTICK] = prepared.yardstick
     round_times = time_in_rounds(checked, timer, rounds)
     yardstick_ms = min(round_times.pop(YARDSTICK))
-    kernel = chosen_kernel(case.op, case.shape, case.dtype, case.k, device)
+    kernel = chosen_kernel(case.op, case.shape, case.stream_dtype, case.k, device,
+                           case.result_dtype if case.out_dtype_name else None)
     del prepared, checked
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -204,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         ops = cases_mod.parse_ops(args.ops)
         dtype_names = cases_mod.parse_dtypes(args.dtypes)
         shapes = cases_mod.parse_shapes(args.shapes) if args.shapes else None
+        out_dtype_name = cases_mod.parse_out_dtype(args.out_dtype)
         compare = [COMPARE_CHOICES[name.strip()] for name in args.compare.split(",") if name.strip()]
     except (ValueError, KeyError) as error:
         parser.error(f"{error}" if isinstance(error, ValueError)
@@ -222,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     rounds = args.rounds if args.rounds is not None else DEFAULT_ROUNDS.get(device.type, 1)
     if rounds < 1:
         parser.error(f"--rounds must be at least 1, got {rounds}")
-    cases = cases_mod.build_cases(ops, dtype_names, shapes, args.quick)
+    cases = cases_mod.build_cases(ops, dtype_names, shapes, args.quick, out_dtype_name)
 
     gpu = _device_name(device)
     date = datetime.datetime.now().strftime("%Y-%m-%d")

@@ -59,15 +59,22 @@ def force_kernel(family: str, kernel: str) -> Iterator[None]:
 
 
 def explain(shape: Sequence[int], dtype: torch.dtype = torch.float32, op: str = "softmax", dim: int = -1,
-            k: int = 0) -> str:
+            k: int = 0, out_dtype: torch.dtype | None = None) -> str:
     """Which kernel runs ``op`` on a CUDA tensor of ``shape`` and ``dtype`` on the current device, and why.
+
+    ``out_dtype`` is the result's dtype where it differs: ``dtype=`` of softmax / log_softmax (the kernels read
+    a float16 / bfloat16 input directly for a float32 result), ``input_dtype`` of their backward ops (``dtype``
+    is then grad_output's and output's); fused_topk's plan does not depend on it.
 
     Example:
         >>> import torch, softmax_ops
         >>> isinstance(softmax_ops.explain((4096, 4096), torch.float16), str)
         True
+        >>> isinstance(softmax_ops.explain((8192, 32000), torch.bfloat16, op="log_softmax",
+        ...                                out_dtype=torch.float32), str)
+        True
     """
-    return torch.ops.softmax_ops._explain(op, list(shape), dim, dtype, k)
+    return torch.ops.softmax_ops._explain(op, list(shape), dim, dtype, k, out_dtype)
 
 
 def apply_env_overrides() -> None:

@@ -177,6 +177,41 @@ def test_bench_filters():
     assert len(full) == 3 * (4 * 22 + 12)  # PERF.md: 22 sweep shapes x 4 ops + 12 fused_topk cases, 3 dtypes
 
 
+def test_bench_out_dtype_times_the_dtype_pair_and_counts_its_bytes(tmp_path, capsys):
+    # softmax(x_bf16, dtype=float32) reads 2 bytes and writes 4 per element; its backward reads float32
+    # grad_output and output and writes the bfloat16 gradient (4 + 4 + 2).
+    path = tmp_path / "mixed.json"
+    status = bench_main(["--quick", "--device", "cpu", "--dtypes", "bf16", "--out-dtype", "float32", "--ops",
+                         "softmax,log_softmax_backward", "--shapes", "8x100", "--json", str(path)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    rows = json.loads(path.read_text())["rows"]
+    assert {(row["op"], row["impl"]) for row in rows} == {
+        (op, impl) for op in ("softmax", "log_softmax_backward") for impl in ("softmax_ops", "torch_eager")}
+    for row in rows:
+        assert row["dtype"] == "bf16" and row["out_dtype"] == "fp32" and "note" not in row, row
+        moved = 8 * 100 * (2 + 4 if row["op"] == "softmax" else 4 + 4 + 2)
+        assert row["gbps"] == pytest.approx(moved / (row["ms"] * 1e-3) / 1e9, rel=1e-3, abs=2e-3)
+    assert "bf16->fp32" in out
+
+
+def test_bench_out_dtype_cases():
+    assert cases.parse_out_dtype("float32") == "fp32"
+    assert cases.parse_out_dtype(None) is None
+    with pytest.raises(ValueError, match="--out-dtype"):
+        cases.parse_out_dtype("fp16,fp32")
+    built = cases.build_cases(["softmax", "softmax_backward", "fused_topk"], ["fp16", "fp32"],
+                              cases.parse_shapes("8x100,256x128k8"), quick=False, out_dtype_name="fp32")
+    # fp32 -> fp32 is the plain case, and fused_topk's values are float32 whatever --out-dtype says.
+    assert {(c.op, c.dtype_text) for c in built} == {
+        ("softmax", "fp16->fp32"), ("softmax", "fp32"), ("softmax_backward", "fp16->fp32"),
+        ("softmax_backward", "fp32"), ("fused_topk", "fp16"), ("fused_topk", "fp32")}
+    forward, backward = (next(c for c in built if c.op == op and c.out_dtype_name) for op in
+                         ("softmax", "softmax_backward"))
+    assert (forward.stream_dtype, forward.result_dtype) == (torch.float16, torch.float32)
+    assert (backward.stream_dtype, backward.result_dtype) == (torch.float32, torch.float16)
+
+
 def test_bench_rejects_unknown_op(capsys):
     with pytest.raises(SystemExit) as error:
         bench_main(["--quick", "--device", "cpu", "--ops", "softmaxx"])

@@ -387,3 +387,24 @@ def test_peel_note_counts_the_rows_edge_elements(shape, dtype):
     text = softmax_ops.explain(shape, dtype)
     assert "rows peeled" in text, text
     assert f"the up to {brute_force_max_edges(shape[1], shape[0], vec)} elements around it singly" in text, text
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_explain_of_a_result_dtype_names_the_pair_and_any_cast(op):
+    # float16 / bfloat16 -> float32 is read directly (no cast line); other pairs cast the input first, as
+    # torch does.
+    direct = softmax_ops.explain((8192, 32000), torch.bfloat16, op=op, out_dtype=torch.float32)
+    assert "bfloat16 -> float32" in direct and "cast:" not in direct, direct
+    cast = softmax_ops.explain((8192, 32000), torch.float16, op=op, out_dtype=torch.bfloat16)
+    assert "float16 -> bfloat16" in cast and "the input is cast to bfloat16 first" in cast, cast
+    assert softmax_ops.explain((8192, 32000), torch.float32, op=op, out_dtype=torch.float32) == \
+        softmax_ops.explain((8192, 32000), torch.float32, op=op)
+
+
+def test_explain_of_a_backward_result_dtype_follows_the_launcher():
+    # The backward of softmax(x_half, dtype=float32) writes the 16-bit gradient itself; float16 streams with a
+    # bfloat16 input_dtype compute in float16 and cast the result.
+    direct = softmax_ops.explain((2048, 4096), torch.float32, op="softmax_backward", out_dtype=torch.float16)
+    assert "float32 -> float16" in direct and "cast:" not in direct, direct
+    cast = softmax_ops.explain((2048, 4096), torch.float16, op="softmax_backward", out_dtype=torch.bfloat16)
+    assert "the kernel writes float16, cast to bfloat16 afterwards" in cast, cast

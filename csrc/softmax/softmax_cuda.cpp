@@ -130,7 +130,14 @@ at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::Scalar
 
 // Backward dtype rule: the result has input_dtype. When input_dtype equals output's dtype, or output is
 // float32 and input_dtype float16/bfloat16 (the half_to_float forward), the kernel writes input_dtype
-// directly; otherwise it computes and writes output's dtype and the result is cast (as torch does).
+// directly; otherwise it computes and writes output's dtype (returned here) and the result is cast, as torch
+// does.
+at::ScalarType backward_write_dtype(at::ScalarType compute, at::ScalarType input_dtype) {
+  const bool direct = input_dtype == compute ||
+                      (compute == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16));
+  return direct ? input_dtype : compute;
+}
+
 at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                     at::ScalarType input_dtype, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
@@ -138,9 +145,8 @@ at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int
   const int64_t wrapped = wrap_dim(output, dim, op);
   const c10::cuda::CUDAGuard guard(output.device());
   const at::ScalarType compute = output.scalar_type();
-  const bool direct = input_dtype == compute ||
-                      (compute == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16));
-  const at::ScalarType write_dtype = direct ? input_dtype : compute;
+  const at::ScalarType write_dtype = backward_write_dtype(compute, input_dtype);
+  const bool direct = write_dtype == input_dtype;
   const at::Tensor grad = grad_output.to(compute).contiguous();
   const at::Tensor out_c = output.contiguous();
   at::Tensor grad_input = at::empty(out_c.sizes(), out_c.options().dtype(write_dtype));
@@ -179,12 +185,24 @@ at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_output, const at::Te
 }
 
 // softmax_ops.explain for the softmax family: the choice for a fresh contiguous tensor of `shape` on the
-// current device (or an assumed H100 when no device is visible, e.g. on a CPU-only machine).
+// current device (or an assumed H100 when no device is visible, e.g. on a CPU-only machine). `out_dtype` is a
+// forward's dtype= or a backward's input_dtype; the kernel runs the dtype pair the launchers above would.
 std::string explain_softmax(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
-                            c10::ScalarType dtype, int64_t /*k*/) {
+                            c10::ScalarType dtype, int64_t /*k*/, std::optional<c10::ScalarType> out_dtype) {
   const bool backward = op.find("backward") != std::string::npos;
   const bool log = op.rfind("log_", 0) == 0;
-  const DType tag = require_dtype_tag(dtype, "softmax_ops.explain");
+  const at::ScalarType result = out_dtype.value_or(dtype);
+  require_dtype_tag(dtype, "softmax_ops.explain");
+  require_dtype_tag(result, "softmax_ops.explain");
+  const at::ScalarType read = backward ? dtype : softmax_kernel_input_dtype(dtype, result);
+  const at::ScalarType written = backward ? backward_write_dtype(dtype, result) : result;
+  // A pair without kernel instances is cast in front (forward) or behind (backward), as the launchers do.
+  std::string casts;
+  if (read != dtype) casts = "\n  cast: the input is cast to " + std::string(dtype_name(cuda_dtype(read))) + " first";
+  if (written != result) {
+    casts = "\n  cast: the kernel writes " + std::string(dtype_name(cuda_dtype(written))) + ", cast to " +
+            dtype_name(cuda_dtype(result)) + " afterwards";
+  }
   const int64_t rank = static_cast<int64_t>(shape.size());
   const int64_t ndim = std::max<int64_t>(rank, 1);
   TORCH_CHECK_INDEX(dim >= -ndim && dim < ndim, "softmax_ops.explain: dim (got ", dim,
@@ -193,7 +211,8 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   SoftmaxProblem problem;
   problem.backward = backward;
   problem.log = log;
-  problem.in_dtype = problem.out_dtype = tag;
+  problem.in_dtype = cuda_dtype(read);
+  problem.out_dtype = cuda_dtype(written);
   for (int64_t d = 0; d < rank; ++d) {
     TORCH_CHECK_VALUE(shape[d] >= 0, "softmax_ops.explain: negative size in shape");
     if (d < wrapped) problem.outer *= shape[d];
@@ -206,7 +225,8 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   for (int64_t d = 0; d < rank; ++d) text += (d ? ", " : "") + to_string(shape[d]);
   text += "] over dim " + to_string(wrapped) + " (" + to_string(problem.rows()) + " rows of " + to_string(problem.n) +
           (problem.inner > 1 ? ", strided by " + to_string(problem.inner) : std::string()) + "), " +
-          dtype_name(problem.in_dtype);
+          dtype_name(cuda_dtype(dtype)) +
+          (result != dtype ? std::string(" -> ") + dtype_name(cuda_dtype(result)) : std::string());
   if (problem.rows() * problem.n == 0) return text + ": empty, nothing is launched.";
   const bool has_device = c10::cuda::device_count() > 0;
   const DeviceProps props = has_device ? device_props(c10::cuda::current_device()) : DeviceProps{};
@@ -220,7 +240,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   const SoftmaxChoice choice = choose_softmax_kernel(request, props);
   if (!choice.error.empty()) return text + ": " + choice.error + ".";
   text += ":\n  kernel " + describe_plan(choice.plan) + "\n  why: " +
-          (request.forced.empty() ? choice.reason : "forced with softmax_ops.force_kernel / set_kernel");
+          (request.forced.empty() ? choice.reason : "forced with softmax_ops.force_kernel / set_kernel") + casts;
   return text;
 }
 

@@ -316,8 +316,9 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
+// out_dtype (fused_topk's dtype=) changes no plan: the values written are k per row.
 std::string explain_topk(const std::string& op, const std::vector<int64_t>& shape, int64_t dim, c10::ScalarType dtype,
-                         int64_t k) {
+                         int64_t k, std::optional<c10::ScalarType> /*out_dtype*/) {
   const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
   const auto [rows, n] = rows_and_n(op, shape, dim);
   TORCH_CHECK_VALUE(k >= 1 && k <= std::max<int64_t>(n, 1), "softmax_ops.explain: fused_topk needs k in [1, N] (N = ",
@@ -372,7 +373,7 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
 }
 
 std::string explain_topk_backward(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
-                                  c10::ScalarType dtype, int64_t k) {
+                                  c10::ScalarType dtype, int64_t k, std::optional<c10::ScalarType> /*out_dtype*/) {
   static_cast<void>(k);
   const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
   const auto [rows, n] = rows_and_n(op, shape, dim);

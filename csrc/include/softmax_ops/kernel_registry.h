@@ -7,14 +7,17 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 namespace softmax_ops {
 
 // Says which kernel the family's dispatcher picks for this problem on the current CUDA device, and why.
+// out_dtype is the result's dtype where it can differ from dtype: a forward's dtype=, a backward's input_dtype
+// (dtype is then grad_output's and output's); nullopt means dtype.
 using ExplainFn = std::string (*)(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
-                                  c10::ScalarType dtype, int64_t k);
+                                  c10::ScalarType dtype, int64_t k, std::optional<c10::ScalarType> out_dtype);
 
 struct KernelFamily {
   std::vector<std::string> kernels;  // names accepted by set_kernel_override
@@ -29,6 +32,6 @@ void set_kernel_override(const std::string& family, const std::string& kernel);
 std::string kernel_override(const std::string& family);
 std::vector<std::string> list_kernels(const std::string& family);
 std::string explain(const std::string& op, std::vector<int64_t> shape, int64_t dim, c10::ScalarType dtype,
-                    int64_t k);
+                    int64_t k, std::optional<c10::ScalarType> out_dtype);
 
 }  // namespace softmax_ops
