@@ -176,10 +176,14 @@ def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compil
         ours_op = torch.ops.softmax_ops.softmax_backward.default
         aten_op = torch.ops.aten._softmax_backward_data.default
 
+    # What autograd runs for the backward of softmax(x, -1, dtype=...): aten's CUDA kernels write a float16 gradient
+    # of float32 streams themselves (its forward read the float16 input directly); for every other pair the
+    # forward cast x first, so the backward is the float32 one, then that cast's backward (.to; a no-op otherwise).
+    direct = dtype == case.stream_dtype or (dtype == torch.float16 and device.type == "cuda")
+    aten_input_dtype = dtype if direct else case.stream_dtype
+
     def torch_backward(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        # On CUDA aten writes a 16-bit gradient of float32 streams itself (then .to is a no-op); its CPU kernel
-        # returns float32, and autograd there runs the float32 backward and then the input cast's backward.
-        return aten_op(g, y, -1, dtype).to(dtype)
+        return aten_op(g, y, -1, aten_input_dtype).to(dtype)
 
     impls: dict[str, Callable[[], object]] = {
         OURS: lambda: ours_op(grad, output, -1, dtype),

@@ -408,3 +408,21 @@ def test_explain_of_a_backward_result_dtype_follows_the_launcher():
     assert "float32 -> float16" in direct and "cast:" not in direct, direct
     cast = softmax_ops.explain((2048, 4096), torch.float16, op="softmax_backward", out_dtype=torch.bfloat16)
     assert "the kernel writes float16, cast to bfloat16 afterwards" in cast, cast
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
+    # softmax(x_half, dtype=float32) writes twice what it reads: short rows take 2 packs per lane from 256 rows
+    # per SM (4 below), and rows of 2048 columns stay on the warp kernel where a same-dtype result takes the lean
+    # block instance (softmax_dispatch.cpp: widening_short_row_packs, lean_rows; H100, session 26).
+    def line(rows, n, out_dtype=torch.float32):
+        text = softmax_ops.explain((rows, n), in_dtype, out_dtype=out_dtype)
+        return next(row for row in text.splitlines() if row.strip().startswith("kernel "))
+
+    assert "4 lane(s) per row, 2 pack(s) per lane" in line(256 * SM_COUNT, 64)
+    assert "2 lane(s) per row, 4 pack(s) per lane" in line(255 * SM_COUNT, 64)
+    assert "8 lane(s) per row, 2 pack(s) per lane" in line(256 * SM_COUNT, 128)
+    assert "4 lane(s) per row, 4 pack(s) per lane" in line(255 * SM_COUNT, 128)
+    assert "kernel warp" in line(32768, 2048) and "8 pack(s) per lane" in line(32768, 2048)
+    assert "kernel block_onepass" in line(32768, 2048, out_dtype=None)
+    assert "kernel block_onepass" in line(32768, 2056)  # beyond the warp kernel's 2048 columns

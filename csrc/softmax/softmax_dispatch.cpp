@@ -54,6 +54,17 @@ struct Heuristics {
   // +4%. Call 1 agreed on 16384 x 128 (-11 / -7%, log_softmax -4 / -4%). Rows of 9-12 packs lost
   // (log_softmax 16384 x 72 +14 / +8%, 65536 x 80 +5 / +8%: 8 lanes holding 1-2 packs each pay a third level of
   // (max, sum) merges) and keep 4; so did 20 packs (16384 x 160 softmax +10 / +4%, call 1).
+  // Widening forward rows (16-bit input, float32 result: softmax(x, dtype=torch.float32), the MoE router's form)
+  // write twice the bytes they read. Rows of at most 32 packs take 2 packs per lane from kWideningManyRowsPerSm
+  // rows per SM, else 4 (also for 13-16 packs). H100, session 26 call 2 (two rounds in turns, 4 packs -> 2, us,
+  // softmax fp16 / bf16, *session26-c2-compare-widening-2-packs.txt*): 65536 x 64 20.1 / 20.4 -> 13.5 / 13.3
+  // (torch.compile 12.7 in call 1), 65536 x 128 -9 / -4%, 65536 x 256 -3 / 0%, log_softmax alike; but 16384 x 128
+  // +4 / +6% and 16384 x 160 +12 / +11%. One pack per lane: the same or slower. Call 3 (this rule against the
+  // rules before it, two rounds in turns, *session26-c3-compare-widening.txt*): 65536 x 64 -30..-34% for both
+  // ops and dtypes, 65536 x 256 -2%, 65536 x 128 and the 16384-row shapes (unchanged plans) within +-6%.
+  static constexpr int kWarpShortRowPacksWidening = 4;
+  static constexpr int kWarpShortRowPacksWideningManyRows = 2;
+  static constexpr int64_t kWideningManyRowsPerSm = 256;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
   static constexpr int kWarpFullRowPacks16 = 2;
@@ -206,6 +217,7 @@ std::string kib(int64_t bytes) {
 struct Geometry {
   int streams;         // input arrays read per element: 1 forward, 2 backward
   int in_bytes;
+  bool widening;       // a forward whose result is wider than its input (16-bit -> float32)
   int vec;             // elements per pack
   bool peel;           // 16-byte packs for a row whose length or start breaks them: its aligned body (n_packs is
                        // the longest body's) plus single edge elements (plan.peel)
@@ -240,6 +252,7 @@ Geometry geometry_of(const SoftmaxRequest& request, RowView view = RowView::kNat
   Geometry g;
   g.streams = p.backward ? 2 : 1;
   g.in_bytes = dtype_bytes(p.in_dtype);
+  g.widening = !p.backward && dtype_bytes(p.out_dtype) > g.in_bytes;
   const int vec16 = 16 / g.in_bytes;
   const bool body = view != RowView::kNatural && peelable(request);
   g.peel = body && view == RowView::kPeeled;
@@ -261,6 +274,11 @@ int64_t grid_cap(const DeviceProps& props, int threads) {
 
 // ---- kernel plans ---------------------------------------------------------------------------------
 
+int widening_short_row_packs(const Geometry& g, const DeviceProps& props) {
+  const bool many_rows = g.rows >= Heuristics::kWideningManyRowsPerSm * props.sm_count;
+  return many_rows ? Heuristics::kWarpShortRowPacksWideningManyRows : Heuristics::kWarpShortRowPacksWidening;
+}
+
 SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
   SoftmaxPlan plan;
   plan.kernel = SoftmaxKernel::kWarp;
@@ -275,6 +293,7 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
                                 g.n_packs <= Heuristics::kWarpFullRowMaxPacks16;
     const int short_packs = g.streams == 2    ? Heuristics::kWarpShortRowPacksBackward
                             : g.in_bytes == 4 ? Heuristics::kWarpShortRowPacksFloat
+                            : g.widening      ? widening_short_row_packs(g, props)
                             : full_16bit_row  ? Heuristics::kWarpFullRowPacks16
                                               : Heuristics::kWarpShortRowPacks;
     plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
@@ -590,7 +609,23 @@ class Chooser {
            "row's aligned body in packs, the up to " + std::to_string(edges) + " elements around it singly";
   }
 
+  // Many widening rows of more than kLeanWideMinPacks packs: a cluster of 2 CTAs per row before one CTA (the lean
+  // wide form, the 512-thread block CTA): half the output per CTA. H100, session 26 call 3 (two rounds in turns of
+  // both trees with forced cluster_onepass, us, fp16 / bf16, automatic -> cluster): softmax 8192 x 32000 645 / 643
+  // -> 609 / 608, 2048 x 8192 48.4 / 48.4 -> 45.0 / 44.7 (lean wide form), log_softmax -5 / -4% and -7 / -4%; but
+  // 2048 x 4096 +12% and 4096 x 4096 +13% (512 packs: they keep the lean instance).
+  std::optional<SoftmaxChoice> widening_cluster_rows() {
+    if (!g_.widening || g_.n_packs <= Heuristics::kLeanWideMinPacks) return std::nullopt;
+    auto choice = try_clusters(2, /*exclusive=*/false);
+    if (choice) {
+      choice->reason = "many rows of " + std::to_string(p_.n) + " columns with a float32 result (twice the bytes " +
+                       "written as read): " + choice->reason;
+    }
+    return choice;
+  }
+
   SoftmaxChoice choose_many_rows() {
+    if (auto choice = widening_cluster_rows()) return *choice;
     if (auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_))) {
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, 1);
       add_row_prefetch(plan, g_, props_, /*forced=*/false);
@@ -718,6 +753,13 @@ class Chooser {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
+    // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes); longer
+    // than kLeanWideMinPacks, a cluster of 2 (widening_cluster_rows). H100, session 26 call 3 (two rounds in
+    // turns, us, lean -> warp, softmax fp16 / bf16, *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 /
+    // 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%, 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in
+    // the 64-register instance before) -10 / -7%; log_softmax alike.
+    if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes()) return std::nullopt;
+    if (g_.widening && g_.n_packs > Heuristics::kLeanWideMinPacks) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
@@ -888,6 +930,7 @@ class Chooser {
   // per lane (~123 registers, 16 warps per SM): one wave of rows runs best there (no barrier), but with
   // more rows the block kernel's 32 threads x 8 packs at 64 registers (32 warps per SM) wins. H200,
   // 2026-11-22: 2048x2048 fp16 warp 0.90 / block 0.81 of copy; 32768x2048 fp16 0.85 / 0.92, bf16 0.70 / 0.94.
+  // Widening rows (a float32 result) keep the warp kernel: see lean_rows.
   int64_t warp_max_row_bytes() const {
     const bool one_wave = g_.rows <= Heuristics::kWarpRowsPerSmOneWave * props_.sm_count;
     if (p_.backward) {
@@ -899,7 +942,7 @@ class Chooser {
       if (g_.peel && g_.in_bytes == 4 && !one_wave) return Heuristics::kWarpMaxRowBytes;
       return Heuristics::kWarpMaxRowBytesBackward;
     }
-    if (g_.in_bytes == 2 && !one_wave) return Heuristics::kWarpMaxRowBytes / 2;
+    if (g_.in_bytes == 2 && !one_wave && !g_.widening) return Heuristics::kWarpMaxRowBytes / 2;
     return Heuristics::kWarpMaxRowBytes;
   }
 
