@@ -414,7 +414,8 @@ def test_explain_of_a_backward_result_dtype_follows_the_launcher():
 def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     # softmax(x_half, dtype=float32) writes twice what it reads: short rows take 2 packs per lane from 256 rows
     # per SM (4 below), and rows of 2048 columns stay on the warp kernel where a same-dtype result takes the lean
-    # block instance (softmax_dispatch.cpp: widening_short_row_packs, lean_rows; H100, session 26).
+    # block instance (softmax_dispatch.cpp: widening_short_row_packs, lean_rows, widening_cluster_rows; H100,
+    # session 26).
     def line(rows, n, out_dtype=torch.float32):
         text = softmax_ops.explain((rows, n), in_dtype, out_dtype=out_dtype)
         return next(row for row in text.splitlines() if row.strip().startswith("kernel "))
@@ -426,3 +427,7 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel warp" in line(32768, 2048) and "8 pack(s) per lane" in line(32768, 2048)
     assert "kernel block_onepass" in line(32768, 2048, out_dtype=None)
     assert "kernel block_onepass" in line(32768, 2056)  # beyond the warp kernel's 2048 columns
+    # More than 768 packs: clusters of 2 (the lean wide form and the 512-thread CTA for a same-dtype result).
+    assert "kernel cluster_onepass" in line(2048, 8192) and "clusters of 2" in line(8192, 32000)
+    assert "kernel block_onepass" in line(2048, 8192, out_dtype=None)
+    assert "kernel block_onepass" in line(2048, 6144)
