@@ -590,14 +590,15 @@ def test_rows_in_different_phases_are_not_peeled():
 
 # A 16-bit input with a float32 result (softmax(x, dtype=torch.float32)) has warp plans of its own
 # (softmax_dispatch.cpp: widening_short_row_packs, lean_rows, widening_cluster_rows): 2 packs per lane from 256
-# rows per SM, 4 below, rows of up to 2048 columns on the warp kernel however many there are, and rows of more
-# than 768 packs (6144 columns) in clusters of 2. The automatic choice, at and around those boundaries, whole and
-# peeled rows.
+# rows per SM, 4 below, rows of up to 2048 columns on the warp kernel however many there are, and rows of 2048
+# packs (16384 columns) or more in clusters of 2 from 8 rows per SM. The automatic choice, at and around those
+# boundaries, whole and peeled rows.
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows_per_sm,n", [(256, 64), (255, 64), (256, 128), (256, 256), (256, 100), (256, 8),
                                            (64, 2048), (64, 2040), (64, 2056), (16, 2048),
-                                           (2, 6144), (2, 6152), (2, 8192), (2, 8191), (2, 32000)])
+                                           (8, 16384), (8, 16376), (8, 16392), (8, 16383), (7, 16384),
+                                           (8, 32000)])
 def test_widening_rows_automatic_plans(rows_per_sm, n, in_dtype, op):
     x = make_input((rows_per_sm * sm_count(), n), in_dtype, seed=n)
     check_forward(op, x, -1, torch.float32)

@@ -427,7 +427,9 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel warp" in line(32768, 2048) and "8 pack(s) per lane" in line(32768, 2048)
     assert "kernel block_onepass" in line(32768, 2048, out_dtype=None)
     assert "kernel block_onepass" in line(32768, 2056)  # beyond the warp kernel's 2048 columns
-    # More than 768 packs: clusters of 2 (the lean wide form and the 512-thread CTA for a same-dtype result).
-    assert "kernel cluster_onepass" in line(2048, 8192) and "clusters of 2" in line(8192, 32000)
-    assert "kernel block_onepass" in line(2048, 8192, out_dtype=None)
-    assert "kernel block_onepass" in line(2048, 6144)
+    # From 2048 packs and 8 rows per SM: clusters of 2 (the 512-thread CTA for a same-dtype result).
+    assert "clusters of 2" in line(8 * SM_COUNT, 16384) and "clusters of 2" in line(8192, 32000)
+    assert "kernel block_onepass" in line(8192, 32000, out_dtype=None)
+    assert "kernel block_onepass" in line(8 * SM_COUNT, 16376)  # 2047 packs
+    assert "kernel block_onepass" in line(8 * SM_COUNT - 1, 16384)
+    assert "kernel block_onepass" in line(2048, 8192)

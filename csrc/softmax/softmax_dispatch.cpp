@@ -65,6 +65,9 @@ struct Heuristics {
   static constexpr int kWarpShortRowPacksWidening = 4;
   static constexpr int kWarpShortRowPacksWideningManyRows = 2;
   static constexpr int64_t kWideningManyRowsPerSm = 256;
+  // Widening rows in clusters of 2: see Chooser::widening_cluster_rows.
+  static constexpr int64_t kWideningClusterMinPacks = 2048;
+  static constexpr int64_t kWideningClusterMinRowsPerSm = 8;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
   static constexpr int kWarpFullRowPacks16 = 2;
@@ -609,13 +612,18 @@ class Chooser {
            "row's aligned body in packs, the up to " + std::to_string(edges) + " elements around it singly";
   }
 
-  // Many widening rows of more than kLeanWideMinPacks packs: a cluster of 2 CTAs per row before one CTA (the lean
-  // wide form, the 512-thread block CTA): half the output per CTA. H100, session 26 call 3 (two rounds in turns of
-  // both trees with forced cluster_onepass, us, fp16 / bf16, automatic -> cluster): softmax 8192 x 32000 645 / 643
-  // -> 609 / 608, 2048 x 8192 48.4 / 48.4 -> 45.0 / 44.7 (lean wide form), log_softmax -5 / -4% and -7 / -4%; but
-  // 2048 x 4096 +12% and 4096 x 4096 +13% (512 packs: they keep the lean instance).
+  // Widening rows of at least kWideningClusterMinPacks packs, at least kWideningClusterMinRowsPerSm per SM: a
+  // cluster of 2 CTAs per row before one CTA of 512 threads, half the output per CTA. H100, session 26 (two rounds
+  // in turns, us): call 3, forced cluster_onepass against the automatic choice, fp16 / bf16, softmax 8192 x 32000
+  // 645 / 643 -> 609 / 608, log_softmax -5 / -6%; call 4, this rule from 769 packs against the rules before it,
+  // bf16 (*session26-c4-compare-widening-vocab.txt*): 2048 x 16384 99.4 -> 85.6 (-14%), 4096 x 32000 -7%, 2048 x
+  // 50257 -2%, 512 x 151936 and 1024 x 128256 (4-8 rows per SM) 0%, 264 x 6152 (2 per SM) +18 / +22%.
+  // Shorter rows keep the lean and block instances: there the cluster's 64-128-thread CTAs exceeded the accuracy
+  // bound on float16 -> float32 (2048 x 8192 softmax 4.6e-7 against 2x torch's error + 2e-7 = 4.0e-7, call 4's
+  // bench; 4096 x 4096 and 2048 x 8192 in call 3's forced runs), though they were 4-8% faster.
   std::optional<SoftmaxChoice> widening_cluster_rows() {
-    if (!g_.widening || g_.n_packs <= Heuristics::kLeanWideMinPacks) return std::nullopt;
+    if (!g_.widening || g_.n_packs < Heuristics::kWideningClusterMinPacks) return std::nullopt;
+    if (g_.rows < Heuristics::kWideningClusterMinRowsPerSm * props_.sm_count) return std::nullopt;
     auto choice = try_clusters(2, /*exclusive=*/false);
     if (choice) {
       choice->reason = "many rows of " + std::to_string(p_.n) + " columns with a float32 result (twice the bytes " +
@@ -753,13 +761,12 @@ class Chooser {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes); longer
-    // than kLeanWideMinPacks, a cluster of 2 (widening_cluster_rows). H100, session 26 call 3 (two rounds in
+    // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100, session 26 call 3 (two rounds in
     // turns, us, lean -> warp, softmax fp16 / bf16, *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 /
     // 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%, 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in
     // the 64-register instance before) -10 / -7%; log_softmax alike.
     if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes()) return std::nullopt;
-    if (g_.widening && g_.n_packs > Heuristics::kLeanWideMinPacks) return std::nullopt;
+
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
