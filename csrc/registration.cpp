@@ -22,5 +22,6 @@ TORCH_LIBRARY(softmax_ops, m) {
   m.def("_set_kernel_override(str family, str kernel) -> ()", &softmax_ops::set_kernel_override);
   m.def("_get_kernel_override(str family) -> str", &softmax_ops::kernel_override);
   m.def("_list_kernels(str family) -> str[]", &softmax_ops::list_kernels);
-  m.def("_explain(str op, int[] shape, int dim, ScalarType dtype, int k=0, ScalarType? out_dtype=None) -> str", &softmax_ops::explain);
+  m.def("_explain(str op, int[] shape, int dim, ScalarType dtype, int k=0, ScalarType? out_dtype=None) -> str",
+        &softmax_ops::explain);
 }

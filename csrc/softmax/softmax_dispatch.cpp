@@ -761,12 +761,12 @@ class Chooser {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     if (g_.rows < props_.sm_count) return std::nullopt;
-    // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100, session 26 call 3 (two rounds in
-    // turns, us, lean -> warp, softmax fp16 / bf16, *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 /
-    // 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%, 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in
-    // the 64-register instance before) -10 / -7%; log_softmax alike.
+    // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
+    // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
+    // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
+    // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
+    // log_softmax alike.
     if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes()) return std::nullopt;
-
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
