@@ -142,7 +142,8 @@ def render(header: dict, rows: list[dict]) -> str:
         (f"Measured on **{header.get('gpu', 'unknown GPU')}** with torch {header.get('torch', '?')}"
         f" on {header.get('date', '?')} (`python -m softmax_ops bench`; timer: {header.get('timer', '?')}"
         f"{_rounds_text(header)})."),
-        ("xCopy = time of `y.copy_(x)` on the same bytes / our time (backward: a copy of 1.5x the bytes); "
+        ("xCopy = time of a `y.copy_(x)` moving the same bytes (half read, half written: for a same-dtype backward, "
+         "a copy of 1.5x the tensor) / our time; "
         "xSum = time of `x.sum(-1)` on the same logits / our time (fused_topk). 1.00 = as fast as the copy."),
         "",
         *summary_table(grouped),

@@ -157,7 +157,7 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
     ours = prepared.impls[OURS]
     read_dtype, out_dtype = _explain_dtypes(case)
     row = CaseRow(op=case.op, shape=case.shape_text, dtype=case.dtype_text,
-                  megabytes=round(case.numel * case.element_size / 2**20, 2), copy_ms=copy_ms,
+                  megabytes=round(case.numel * _element_size(case.stream_dtype) / 2**20, 2), copy_ms=copy_ms,
                   auto_kernel=chosen_kernel(case.op, case.shape, read_dtype, 0, device, out_dtype))
     auto_plan, _ = plan_of(_explain(case))
     auto = _measure(ours, prepared.check, timer, copy_ms, AUTO, auto_plan)
@@ -175,6 +175,12 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
     del prepared
     torch.cuda.empty_cache()
     return row
+
+
+def _element_size(dtype) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _explain_dtypes(case):

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "softmax_ops/dtype_rules.h"
 #include "softmax_ops/text.h"
 
 namespace softmax_ops {
@@ -63,11 +64,6 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
                               ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
                               "bool tensor with a float dtype=), got ", self.scalar_type());
   return *dtype;
-}
-
-at::ScalarType softmax_kernel_input_dtype(at::ScalarType in, at::ScalarType result_dtype) {
-  const bool half_to_float = (in == at::kHalf || in == at::kBFloat16) && result_dtype == at::kFloat;
-  return half_to_float ? in : result_dtype;
 }
 
 at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dtype) {

@@ -140,16 +140,18 @@ def _prepare_forward(case: Case, device: torch.device, extra: dict, with_compile
     unavailable: dict[str, str] = {}
     if with_compile:
         _add_compiled(impls, unavailable, lambda t: torch_fn(t, -1, dtype=dtype), x)
-    if not log and dtype is None:  # Liger's and Quack's softmax have no dtype=
-        for name in (LIGER, QUACK):
-            entry = extra.get(name)
-            if callable(entry):
-                impls[name] = lambda entry=entry: entry(x)
+    for name in (LIGER, QUACK) if not log else ():
+        entry = extra.get(name)
+        if callable(entry) and dtype is not None:
+            unavailable[name] = "no dtype= (its softmax keeps the input dtype)"
+        elif callable(entry):
+            impls[name] = lambda entry=entry: entry(x)
     reference = torch_fn(x.double(), -1)
     torch_error = _max_error(torch_fn(x, -1, dtype=dtype), reference)
     scale = reference.abs().max().item() if log else 1.0  # log-probabilities can be large
-    # The yardstick moves the same bytes: a converting copy when the result dtype differs.
-    destination = torch.empty_like(x, dtype=case.out_dtype)
+    # The yardstick moves the same bytes: a copy of half of them, read and written (a converting copy, fp16 ->
+    # fp32, runs well below bandwidth in torch, so it would flatter a widening softmax).
+    source, destination = _copy_pair(case, x)
 
     def check(output: object) -> Check:
         assert isinstance(output, torch.Tensor)
@@ -157,7 +159,22 @@ def _prepare_forward(case: Case, device: torch.device, extra: dict, with_compile
             return Check(math.inf, 0.0, f"wrong output {tuple(output.shape)} {output.dtype}")
         return Check(_max_error(output, reference), _bound(torch_error, case.out_dtype, scale))
 
-    return PreparedCase(case, impls, lambda: destination.copy_(x), check, unavailable)
+    return PreparedCase(case, impls, lambda: destination.copy_(source), check, unavailable)
+
+
+def _copy_pair(case: Case, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Source and destination of the copy yardstick: half the bytes ``case`` moves each, in the dtype it reads.
+    A same-dtype softmax copies x itself; otherwise a flat buffer of that many bytes (a backward: 1.5x the
+    elements, as PERF.md says)."""
+    if case.op not in BACKWARD_OPS and case.out_dtype_name is None:
+        return x, torch.empty_like(x)
+    elements = math.ceil(case.bytes_moved / 2 / _element_size(case.stream_dtype))
+    source = torch.empty(elements, dtype=case.stream_dtype, device=x.device).normal_()
+    return source, torch.empty_like(source)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
@@ -179,7 +196,8 @@ def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compil
     # What autograd runs for the backward of softmax(x, -1, dtype=...): aten's CUDA kernels write a float16 gradient
     # of float32 streams themselves (its forward read the float16 input directly); for every other pair the
     # forward cast x first, so the backward is the float32 one, then that cast's backward (.to; a no-op otherwise).
-    direct = dtype == case.stream_dtype or (dtype == torch.float16 and device.type == "cuda")
+    direct = dtype == case.stream_dtype or (
+        dtype == torch.float16 and case.stream_dtype == torch.float32 and device.type == "cuda")
     aten_input_dtype = dtype if direct else case.stream_dtype
 
     def torch_backward(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -204,10 +222,7 @@ def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compil
     scale = reference.abs().max().item()
     # PERF.md: the backward moves 1.5x a copy's bytes (reads 2 tensors, writes 1), so its yardstick is a copy
     # of 1.5x the elements; in general, a copy of half the bytes the backward moves, read and written.
-    stream_size = grad.element_size()
-    copy_elements = math.ceil(case.bytes_moved / 2 / stream_size)
-    source = torch.empty(copy_elements, dtype=case.stream_dtype, device=device).normal_()
-    destination = torch.empty_like(source)
+    source, destination = _copy_pair(case, x)
 
     def check(result: object) -> Check:
         assert isinstance(result, torch.Tensor)

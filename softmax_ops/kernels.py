@@ -62,9 +62,10 @@ def explain(shape: Sequence[int], dtype: torch.dtype = torch.float32, op: str = 
             k: int = 0, out_dtype: torch.dtype | None = None) -> str:
     """Which kernel runs ``op`` on a CUDA tensor of ``shape`` and ``dtype`` on the current device, and why.
 
-    ``out_dtype`` is the result's dtype where it differs: ``dtype=`` of softmax / log_softmax (the kernels read
-    a float16 / bfloat16 input directly for a float32 result), ``input_dtype`` of their backward ops (``dtype``
-    is then grad_output's and output's); fused_topk's plan does not depend on it.
+    ``out_dtype`` is the result's dtype where it differs: ``dtype=`` of softmax / log_softmax / fused_topk (the
+    kernels read a float16 / bfloat16 input directly for a float32 result and cast any other input to it first,
+    as torch does), ``input_dtype`` of the softmax backward ops (``dtype`` is then grad_output's and output's),
+    the forward's ``dtype=`` for fused_topk_backward (``dtype`` is self's).
 
     Example:
         >>> import torch, softmax_ops

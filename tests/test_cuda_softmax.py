@@ -595,12 +595,18 @@ def test_rows_in_different_phases_are_not_peeled():
 # boundaries, whole and peeled rows.
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("rows_per_sm,n", [(256, 64), (255, 64), (256, 128), (256, 256), (256, 100), (256, 8),
-                                           (64, 2048), (64, 2040), (64, 2056), (16, 2048),
-                                           (8, 16384), (8, 16376), (8, 16392), (8, 16383), (7, 16384),
-                                           (8, 32000)])
-def test_widening_rows_automatic_plans(rows_per_sm, n, in_dtype, op):
+@pytest.mark.parametrize("rows_per_sm,n,plan", [
+    (256, 64, "2 pack(s) per lane"), (255, 64, "4 pack(s) per lane"), (256, 128, "2 pack(s) per lane"),
+    (256, 256, "2 pack(s) per lane"), (256, 100, "kernel warp"), (256, 8, "kernel warp"),
+    (64, 2048, "kernel warp"), (64, 2040, "kernel warp"), (64, 2056, "kernel block_onepass"),
+    (16, 2048, "kernel warp"), (2, 2048, "kernel block_onepass"),
+    (8, 16384, "clusters of 2"), (8, 16376, "kernel block_onepass"), (8, 16392, "clusters of 2"),
+    (8, 16383, "kernel block_onepass"), (7, 16384, "kernel block_onepass"), (8, 32000, "clusters of 2"),
+])
+def test_widening_rows_automatic_plans(rows_per_sm, n, plan, in_dtype, op):
     x = make_input((rows_per_sm * sm_count(), n), in_dtype, seed=n)
+    chosen = softmax_ops.explain(x.shape, in_dtype, op=op, out_dtype=torch.float32)
+    assert plan in chosen, chosen
     check_forward(op, x, -1, torch.float32)
 
 

@@ -433,3 +433,20 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel block_onepass" in line(8 * SM_COUNT, 16376)  # 2047 packs
     assert "kernel block_onepass" in line(8 * SM_COUNT - 1, 16384)
     assert "kernel block_onepass" in line(2048, 8192)
+
+
+def test_explain_of_a_result_dtype_follows_the_launchers_casts():
+    # Integer inputs with a float dtype= are cast first (torch.softmax(torch.arange(3), 0, dtype=torch.float32)).
+    text = softmax_ops.explain((2, 3), torch.int64, out_dtype=torch.float32)
+    assert "-> float32" in text and "the input is cast to float32 first" in text, text
+    with pytest.raises(NotImplementedError, match="out_dtype"):
+        softmax_ops.explain((4, 8), torch.float16, out_dtype=torch.int32)
+    # fused_topk (and its backward) run the plan of the dtype they read: a float16 input with dtype=float64 is
+    # cast to float64 first, float16 -> float32 is read as float16.
+    for op in ("fused_topk", "fused_topk_backward"):
+        as_read = softmax_ops.explain((16384, 256), torch.float64, op=op, k=4)
+        assert softmax_ops.explain((16384, 256), torch.float16, op=op, k=4, out_dtype=torch.float64) == as_read
+        direct = softmax_ops.explain((16384, 256), torch.float16, op=op, k=4)
+        assert softmax_ops.explain((16384, 256), torch.float16, op=op, k=4, out_dtype=torch.float32) == direct
+    with pytest.raises(NotImplementedError, match="out_dtype"):
+        softmax_ops.explain((16, 256), torch.float16, op="fused_topk", k=4, out_dtype=torch.int32)

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "softmax_dispatch.h"
+#include "softmax_ops/dtype_rules.h"
 #include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/kernel_registry.h"
 #include "softmax_ops/op_checks.h"
@@ -184,6 +185,12 @@ at::Tensor log_softmax_backward_cuda(const at::Tensor& grad_output, const at::Te
   return backward(grad_output, output, dim, input_dtype, /*log=*/true);
 }
 
+// A dtype's name as explain prints it: the kernels' names (float32, ...), ATen's for others (an integer input).
+std::string dtype_text(at::ScalarType type) {
+  const bool kernel_dtype = type == at::kFloat || type == at::kHalf || type == at::kBFloat16 || type == at::kDouble;
+  return kernel_dtype ? dtype_name(cuda_dtype(type)) : c10::toString(type);
+}
+
 // softmax_ops.explain for the softmax family: the choice for a fresh contiguous tensor of `shape` on the
 // current device (or an assumed H100 when no device is visible, e.g. on a CPU-only machine). `out_dtype` is a
 // forward's dtype= or a backward's input_dtype; the kernel runs the dtype pair the launchers above would.
@@ -192,9 +199,10 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   const bool backward = op.find("backward") != std::string::npos;
   const bool log = op.rfind("log_", 0) == 0;
   const at::ScalarType result = out_dtype.value_or(dtype);
-  require_dtype_tag(dtype, "softmax_ops.explain");
-  require_dtype_tag(result, "softmax_ops.explain");
+  require_dtype_tag(result, out_dtype ? "softmax_ops.explain (out_dtype)" : "softmax_ops.explain");
+  // A forward casts any other input (integers and bool too, with a float dtype=) to its result dtype first.
   const at::ScalarType read = backward ? dtype : softmax_kernel_input_dtype(dtype, result);
+  require_dtype_tag(read, "softmax_ops.explain");
   const at::ScalarType written = backward ? backward_write_dtype(dtype, result) : result;
   // A pair without kernel instances is cast in front (forward) or behind (backward), as the launchers do.
   std::string casts;
@@ -225,7 +233,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   for (int64_t d = 0; d < rank; ++d) text += (d ? ", " : "") + to_string(shape[d]);
   text += "] over dim " + to_string(wrapped) + " (" + to_string(problem.rows()) + " rows of " + to_string(problem.n) +
           (problem.inner > 1 ? ", strided by " + to_string(problem.inner) : std::string()) + "), " +
-          dtype_name(cuda_dtype(dtype)) +
+          dtype_text(dtype) +
           (result != dtype ? std::string(" -> ") + dtype_name(cuda_dtype(result)) : std::string());
   if (problem.rows() * problem.n == 0) return text + ": empty, nothing is launched.";
   const bool has_device = c10::cuda::device_count() > 0;

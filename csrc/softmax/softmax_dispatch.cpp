@@ -55,8 +55,9 @@ struct Heuristics {
   // (log_softmax 16384 x 72 +14 / +8%, 65536 x 80 +5 / +8%: 8 lanes holding 1-2 packs each pay a third level of
   // (max, sum) merges) and keep 4; so did 20 packs (16384 x 160 softmax +10 / +4%, call 1).
   // Widening forward rows (16-bit input, float32 result: softmax(x, dtype=torch.float32), the MoE router's form)
-  // write twice the bytes they read. Rows of at most 32 packs take 2 packs per lane from kWideningManyRowsPerSm
-  // rows per SM, else 4 (also for 13-16 packs). H100, session 26 call 2 (two rounds in turns, 4 packs -> 2, us,
+  // write twice the bytes they read. Rows of at most 32 whole packs take 2 packs per lane from
+  // kWideningManyRowsPerSm rows per SM, else 4 (also for 13-16 packs); peeled rows keep the same-dtype rule
+  // (not measured). H100, session 26 call 2 (two rounds in turns, 4 packs -> 2, us,
   // softmax fp16 / bf16, *session26-c2-compare-widening-2-packs.txt*): 65536 x 64 20.1 / 20.4 -> 13.5 / 13.3
   // (torch.compile 12.7 in call 1), 65536 x 128 -9 / -4%, 65536 x 256 -3 / 0%, log_softmax alike; but 16384 x 128
   // +4 / +6% and 16384 x 160 +12 / +11%. One pack per lane: the same or slower. Call 3 (this rule against the
@@ -220,7 +221,7 @@ std::string kib(int64_t bytes) {
 struct Geometry {
   int streams;         // input arrays read per element: 1 forward, 2 backward
   int in_bytes;
-  bool widening;       // a forward whose result is wider than its input (16-bit -> float32)
+  bool widening;       // a forward whose result is wider than its input (16-bit -> float32), in 16-byte packs
   int vec;             // elements per pack
   bool peel;           // 16-byte packs for a row whose length or start breaks them: its aligned body (n_packs is
                        // the longest body's) plus single edge elements (plan.peel)
@@ -255,11 +256,13 @@ Geometry geometry_of(const SoftmaxRequest& request, RowView view = RowView::kNat
   Geometry g;
   g.streams = p.backward ? 2 : 1;
   g.in_bytes = dtype_bytes(p.in_dtype);
-  g.widening = !p.backward && dtype_bytes(p.out_dtype) > g.in_bytes;
   const int vec16 = 16 / g.in_bytes;
   const bool body = view != RowView::kNatural && peelable(request);
   g.peel = body && view == RowView::kPeeled;
   g.vec = whole_packs(request) || body ? vec16 : 1;
+  // Only rows read in 16-byte packs (whole or peeled): the widening rules were measured on those, and their
+  // thresholds count packs (single elements would meet a pack threshold 8x sooner).
+  g.widening = !p.backward && dtype_bytes(p.out_dtype) > g.in_bytes && g.vec > 1;
   g.pack_bytes = g.vec * g.in_bytes;
   g.max_edges = g.peel ? max_row_edges(kPeeledFirstPhase, p.n, p.rows(), vec16) : 0;
   g.n_packs = body ? p.n / g.vec : ceil_div(p.n, g.vec);  // a body: the longest one (a row with no head)
@@ -296,7 +299,7 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
                                 g.n_packs <= Heuristics::kWarpFullRowMaxPacks16;
     const int short_packs = g.streams == 2    ? Heuristics::kWarpShortRowPacksBackward
                             : g.in_bytes == 4 ? Heuristics::kWarpShortRowPacksFloat
-                            : g.widening      ? widening_short_row_packs(g, props)
+                            : g.widening && !g.peel ? widening_short_row_packs(g, props)
                             : full_16bit_row  ? Heuristics::kWarpFullRowPacks16
                                               : Heuristics::kWarpShortRowPacks;
     plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
@@ -766,7 +769,10 @@ class Chooser {
     // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
-    if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes()) return std::nullopt;
+    // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured).
+    if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes() && !few_small_rows_to_spread()) {
+      return std::nullopt;
+    }
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
@@ -937,7 +943,8 @@ class Chooser {
   // per lane (~123 registers, 16 warps per SM): one wave of rows runs best there (no barrier), but with
   // more rows the block kernel's 32 threads x 8 packs at 64 registers (32 warps per SM) wins. H200,
   // 2026-11-22: 2048x2048 fp16 warp 0.90 / block 0.81 of copy; 32768x2048 fp16 0.85 / 0.92, bf16 0.70 / 0.94.
-  // Widening rows (a float32 result) keep the warp kernel: see lean_rows.
+  // Widening rows (a float32 result) keep the warp kernel, but for the few that spread_small_rows takes: see
+  // lean_rows.
   int64_t warp_max_row_bytes() const {
     const bool one_wave = g_.rows <= Heuristics::kWarpRowsPerSmOneWave * props_.sm_count;
     if (p_.backward) {

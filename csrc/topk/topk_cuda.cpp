@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "softmax_ops/dtype_rules.h"
 #include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/op_checks.h"
 #include "topk_dispatch.h"
@@ -145,9 +146,7 @@ at::Tensor fused_topk_backward_cuda(const at::Tensor& grad_values, const at::Ten
   const c10::cuda::CUDAGuard guard(self.device());
   const at::ScalarType self_dtype = self.scalar_type();
   const at::ScalarType values_dtype = values.scalar_type();
-  const bool read_directly = self_dtype == values_dtype ||
-                             (values_dtype == at::kFloat && (self_dtype == at::kHalf || self_dtype == at::kBFloat16));
-  const at::ScalarType work_dtype = read_directly ? self_dtype : values_dtype;
+  const at::ScalarType work_dtype = softmax_kernel_input_dtype(self_dtype, values_dtype);
   const at::ScalarType compute_dtype = work_dtype == at::kDouble ? at::kDouble : at::kFloat;
   const at::Tensor self_last = dim_last(self, wrapped);
   const int64_t n = self.dim() == 0 ? 1 : self.size(wrapped);

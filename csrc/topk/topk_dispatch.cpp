@@ -12,6 +12,7 @@
 #include <mutex>
 #include <vector>
 
+#include "softmax_ops/dtype_rules.h"
 #include "softmax_ops/dtype_tags.h"
 #include "softmax_ops/kernel_registry.h"
 
@@ -316,10 +317,17 @@ std::string shape_text(const std::vector<int64_t>& shape) {
   return out.str();
 }
 
-// out_dtype (fused_topk's dtype=) changes no plan: the values written are k per row.
+// The dtype the fused_topk kernels read for self's dtype and the forward's dtype= (out_dtype; its backward's
+// values dtype): the launchers cast self to out_dtype first for any pair but float16 / bfloat16 -> float32.
+DType explained_read_dtype(c10::ScalarType dtype, std::optional<c10::ScalarType> out_dtype) {
+  const c10::ScalarType result = out_dtype.value_or(dtype);
+  require_dtype_tag(result, out_dtype ? "softmax_ops.explain (out_dtype)" : "softmax_ops.explain");
+  return require_dtype_tag(softmax_kernel_input_dtype(dtype, result), "softmax_ops.explain");
+}
+
 std::string explain_topk(const std::string& op, const std::vector<int64_t>& shape, int64_t dim, c10::ScalarType dtype,
-                         int64_t k, std::optional<c10::ScalarType> /*out_dtype*/) {
-  const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
+                         int64_t k, std::optional<c10::ScalarType> out_dtype) {
+  const DType in = explained_read_dtype(dtype, out_dtype);
   const auto [rows, n] = rows_and_n(op, shape, dim);
   TORCH_CHECK_VALUE(k >= 1 && k <= std::max<int64_t>(n, 1), "softmax_ops.explain: fused_topk needs k in [1, N] (N = ",
                     std::to_string(n), "), got k=", std::to_string(k), " (pass k=...)");
@@ -373,9 +381,9 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
 }
 
 std::string explain_topk_backward(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
-                                  c10::ScalarType dtype, int64_t k, std::optional<c10::ScalarType> /*out_dtype*/) {
+                                  c10::ScalarType dtype, int64_t k, std::optional<c10::ScalarType> out_dtype) {
   static_cast<void>(k);
-  const DType in = require_dtype_tag(dtype, "softmax_ops.explain");
+  const DType in = explained_read_dtype(dtype, out_dtype);
   const auto [rows, n] = rows_and_n(op, shape, dim);
   const TopkDeviceProps& props = topk_device_props();
   std::string why;

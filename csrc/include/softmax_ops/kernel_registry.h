@@ -14,8 +14,8 @@
 namespace softmax_ops {
 
 // Says which kernel the family's dispatcher picks for this problem on the current CUDA device, and why.
-// out_dtype is the result's dtype where it can differ from dtype: a forward's dtype=, a backward's input_dtype
-// (dtype is then grad_output's and output's); nullopt means dtype.
+// out_dtype is the result's dtype where it can differ from dtype: a forward's dtype=, a softmax backward's
+// input_dtype (dtype is then grad_output's and output's), fused_topk_backward's forward dtype=; nullopt: dtype.
 using ExplainFn = std::string (*)(const std::string& op, const std::vector<int64_t>& shape, int64_t dim,
                                   c10::ScalarType dtype, int64_t k, std::optional<c10::ScalarType> out_dtype);
 

@@ -38,9 +38,6 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
 // here first, which is what torch does. Always returns a contiguous tensor.
 at::Tensor softmax_kernel_input(const at::Tensor& self, at::ScalarType result_dtype);
 
-// The dtype softmax_kernel_input hands the kernel for an input of dtype `in` and a result of `result_dtype`.
-at::ScalarType softmax_kernel_input_dtype(at::ScalarType in, at::ScalarType result_dtype);
-
 // Checks k against the size of dim (k in [1, N]); returns N.
 int64_t check_topk_k(const at::Tensor& self, int64_t wrapped_dim, int64_t k);
 
