@@ -155,10 +155,9 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
         copy_cache[copy_key] = timer(prepared.yardstick)
     copy_ms = copy_cache[copy_key]
     ours = prepared.impls[OURS]
-    read_dtype, out_dtype = _explain_dtypes(case)
     row = CaseRow(op=case.op, shape=case.shape_text, dtype=case.dtype_text,
-                  megabytes=round(case.numel * _element_size(case.stream_dtype) / 2**20, 2), copy_ms=copy_ms,
-                  auto_kernel=chosen_kernel(case.op, case.shape, read_dtype, 0, device, out_dtype))
+                  megabytes=round(case.numel * case.stream_element_size / 2**20, 2), copy_ms=copy_ms,
+                  auto_kernel=chosen_kernel(case.op, case.shape, case.stream_dtype, 0, device, case.explain_out_dtype))
     auto_plan, _ = plan_of(_explain(case))
     auto = _measure(ours, prepared.check, timer, copy_ms, AUTO, auto_plan)
     row.timings.append(auto)
@@ -177,22 +176,10 @@ def run_case(case, kernels: list[str], timer, device, copy_cache: dict, with_eag
     return row
 
 
-def _element_size(dtype) -> int:
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _explain_dtypes(case):
-    """explain's (dtype, out_dtype) for a case: the dtype it reads, and the one it writes where that differs."""
-    return case.stream_dtype, (case.result_dtype if case.out_dtype_name else None)
-
-
 def _explain(case) -> str:
     import softmax_ops
 
-    dtype, out_dtype = _explain_dtypes(case)
-    return softmax_ops.explain(case.shape, dtype, op=case.op, out_dtype=out_dtype)
+    return softmax_ops.explain(case.shape, case.stream_dtype, op=case.op, out_dtype=case.explain_out_dtype)
 
 
 def _fits(case, device) -> str | None:

@@ -86,6 +86,21 @@ class Case:
         return self.dtype if self.op in BACKWARD_OPS else self.out_dtype
 
     @property
+    def dtype_argument(self) -> torch.dtype | None:
+        """The forward's ``dtype=`` argument: None for the plain call the sweep has always timed."""
+        return self.out_dtype if self.out_dtype_name else None
+
+    @property
+    def explain_out_dtype(self) -> torch.dtype | None:
+        """``softmax_ops.explain``'s ``out_dtype`` for this case (its ``dtype`` is :attr:`stream_dtype`)."""
+        return self.result_dtype if self.out_dtype_name else None
+
+    @property
+    def stream_element_size(self) -> int:
+        """Bytes per element of the tensors the op reads."""
+        return _element_size(self.stream_dtype)
+
+    @property
     def dtype_text(self) -> str:
         """``bf16``, or ``bf16->fp32`` for a case with a different result dtype."""
         return f"{self.dtype_name}->{self.out_dtype_name}" if self.out_dtype_name else self.dtype_name
@@ -113,7 +128,7 @@ class Case:
         softmax: read N + write N; backward: read grad and output + write grad input (each in its own dtype);
         fused_topk: read the logits + write k values and k indices per row.
         """
-        read = self.numel * _element_size(self.stream_dtype)
+        read = self.numel * self.stream_element_size
         if self.op in SOFTMAX_LIKE_OPS:
             return read + self.numel * _element_size(self.result_dtype)
         if self.op in BACKWARD_OPS:

@@ -131,8 +131,7 @@ def _prepare_forward(case: Case, device: torch.device, extra: dict, with_compile
     log = case.op == "log_softmax"
     torch_fn = torch.log_softmax if log else torch.softmax
     ours_fn = softmax_ops.log_softmax if log else softmax_ops.softmax
-    # dtype=None unless the case has its own result dtype: the plain call is the one the sweep has always timed.
-    dtype = case.out_dtype if case.out_dtype_name else None
+    dtype = case.dtype_argument
     impls: dict[str, Callable[[], object]] = {
         OURS: lambda: ours_fn(x, -1, dtype=dtype),
         EAGER: lambda: torch_fn(x, -1, dtype=dtype),
@@ -168,13 +167,9 @@ def _copy_pair(case: Case, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     elements, as PERF.md says)."""
     if case.op not in BACKWARD_OPS and case.out_dtype_name is None:
         return x, torch.empty_like(x)
-    elements = math.ceil(case.bytes_moved / 2 / _element_size(case.stream_dtype))
+    elements = math.ceil(case.bytes_moved / 2 / case.stream_element_size)
     source = torch.empty(elements, dtype=case.stream_dtype, device=x.device).normal_()
     return source, torch.empty_like(source)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
@@ -183,7 +178,7 @@ def _prepare_backward(case: Case, device: torch.device, extra: dict, with_compil
     x = _random(case.shape, case.dtype, device, seed=0)
     grad = _random(case.shape, case.stream_dtype, device, seed=1)
     log = case.op == "log_softmax_backward"
-    forward_dtype = case.out_dtype if case.out_dtype_name else None
+    forward_dtype = case.dtype_argument
     output = torch.log_softmax(x, -1, dtype=forward_dtype) if log else torch.softmax(x, -1, dtype=forward_dtype)
     dtype = case.dtype
     if log:

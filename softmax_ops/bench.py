@@ -143,8 +143,7 @@ def run_case(case: Case, device: torch.device, timer: Timer, extra: dict, wanted
     checked[YARDSTICK] = prepared.yardstick
     round_times = time_in_rounds(checked, timer, rounds)
     yardstick_ms = min(round_times.pop(YARDSTICK))
-    kernel = chosen_kernel(case.op, case.shape, case.stream_dtype, case.k, device,
-                           case.result_dtype if case.out_dtype_name else None)
+    kernel = chosen_kernel(case.op, case.shape, case.stream_dtype, case.k, device, case.explain_out_dtype)
     del prepared, checked
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -10,6 +10,7 @@
 
 #include "cpu_dispatch.h"
 #include "cpu_row_math.h"
+#include "softmax_ops/dtype_rules.h"
 #include "softmax_ops/op_checks.h"
 
 namespace softmax_ops::cpu {
@@ -103,9 +104,7 @@ at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& out
   check_softmax_backward_args(grad_output, output, input_dtype, op);
   const int64_t wrapped = wrap_dim(output, dim, op);
   const at::ScalarType output_dtype = output.scalar_type();
-  const bool narrowing_half_to_float =
-      output_dtype == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16);
-  const at::ScalarType written_dtype = narrowing_half_to_float ? input_dtype : output_dtype;
+  const at::ScalarType written_dtype = softmax_backward_write_dtype(output_dtype, input_dtype);
   const at::Tensor y = with_dim_last(output, wrapped);
   const at::Tensor g = with_dim_last(grad_output.to(output_dtype), wrapped);
   at::Tensor grad_input = at::empty(y.sizes(), y.options().dtype(written_dtype));

@@ -131,14 +131,8 @@ at::Tensor forward(const at::Tensor& self, int64_t dim, std::optional<at::Scalar
 
 // Backward dtype rule: the result has input_dtype. When input_dtype equals output's dtype, or output is
 // float32 and input_dtype float16/bfloat16 (the half_to_float forward), the kernel writes input_dtype
-// directly; otherwise it computes and writes output's dtype (returned here) and the result is cast, as torch
-// does.
-at::ScalarType backward_write_dtype(at::ScalarType compute, at::ScalarType input_dtype) {
-  const bool direct = input_dtype == compute ||
-                      (compute == at::kFloat && (input_dtype == at::kHalf || input_dtype == at::kBFloat16));
-  return direct ? input_dtype : compute;
-}
-
+// directly; otherwise it computes and writes output's dtype and the result is cast, as torch does
+// (softmax_backward_write_dtype).
 at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int64_t dim,
                     at::ScalarType input_dtype, bool log) {
   const char* op = log ? "log_softmax_backward" : "softmax_backward";
@@ -146,7 +140,7 @@ at::Tensor backward(const at::Tensor& grad_output, const at::Tensor& output, int
   const int64_t wrapped = wrap_dim(output, dim, op);
   const c10::cuda::CUDAGuard guard(output.device());
   const at::ScalarType compute = output.scalar_type();
-  const at::ScalarType write_dtype = backward_write_dtype(compute, input_dtype);
+  const at::ScalarType write_dtype = softmax_backward_write_dtype(compute, input_dtype);
   const bool direct = write_dtype == input_dtype;
   const at::Tensor grad = grad_output.to(compute).contiguous();
   const at::Tensor out_c = output.contiguous();
@@ -203,7 +197,7 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   // A forward casts any other input (integers and bool too, with a float dtype=) to its result dtype first.
   const at::ScalarType read = backward ? dtype : softmax_kernel_input_dtype(dtype, result);
   require_dtype_tag(read, "softmax_ops.explain");
-  const at::ScalarType written = backward ? backward_write_dtype(dtype, result) : result;
+  const at::ScalarType written = backward ? softmax_backward_write_dtype(dtype, result) : result;
   // A pair without kernel instances is cast in front (forward) or behind (backward), as the launchers do.
   std::string casts;
   if (read != dtype) casts = "\n  cast: the input is cast to " + std::string(dtype_name(cuda_dtype(read))) + " first";

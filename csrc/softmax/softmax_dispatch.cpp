@@ -561,10 +561,9 @@ class Chooser {
 
   // The warp kernel, for rows it holds within warp_max_row_bytes.
   std::optional<SoftmaxChoice> warp_rows() {
-    const int64_t warp_max_bytes = warp_max_row_bytes();
-    if (!warp_fits() || p_.n * g_.in_bytes > warp_max_bytes) return std::nullopt;
+    if (!warp_takes_rows()) return std::nullopt;
     return ok(plan_warp(g_, props_), "rows of " + kib(p_.n * g_.in_bytes) + " per input (<= " +
-                                         kib(warp_max_bytes) + "): one warp or sub-warp per row, " +
+                                         kib(warp_max_row_bytes()) + "): one warp or sub-warp per row, " +
                                          "row in registers, no block barrier");
   }
 
@@ -770,9 +769,7 @@ class Chooser {
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
     // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured).
-    if (g_.widening && warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes() && !few_small_rows_to_spread()) {
-      return std::nullopt;
-    }
+    if (g_.widening && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
@@ -938,6 +935,9 @@ class Chooser {
   }
 
   bool warp_fits() const { return g_.n_packs <= 32 * kWarpKernelMaxPacks; }
+
+  // Whether warp_rows takes these rows: they fit a warp, within warp_max_row_bytes.
+  bool warp_takes_rows() const { return warp_fits() && p_.n * g_.in_bytes <= warp_max_row_bytes(); }
 
   // The longest row (bytes per input) the warp kernel takes. 16-bit forward rows of 2-4 KB need 8 packs
   // per lane (~123 registers, 16 warps per SM): one wave of rows runs best there (no barrier), but with
