@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--ops", default="softmax", help="softmax, log_softmax, softmax_backward")
     parser.add_argument("--kernels", default="auto",
                         help="softmax-family kernels to force, comma-separated ('auto' = the dispatcher's choice)")
+    parser.add_argument("--out-dtype", choices=sorted(DTYPES), default=None,
+                        help="softmax / log_softmax's dtype= (e.g. fp32 for 16-bit inputs: the widening form)")
     parser.add_argument("--topk", default="", help="fused_topk cases ROWSxNkK, comma-separated (e.g. 16384x8k2)")
     parser.add_argument("--topk-values", choices=["float32", "input"], default="float32",
                         help="fused_topk's values dtype: float32 (dtype=torch.float32) or the input dtype (the bench's)")
@@ -34,6 +36,7 @@ def main() -> None:
 
     import softmax_ops
 
+    out_dtype = getattr(torch, DTYPES[args.out_dtype]) if args.out_dtype else None
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, DTYPES[dtype_name])
         for shape_text in filter(None, args.shapes.split(",")):
@@ -44,14 +47,16 @@ def main() -> None:
                 family = "softmax_backward" if op == "softmax_backward" else "softmax"
                 forced = softmax_ops.force_kernel(family, kernel) if kernel != "auto" else contextlib.nullcontext()
                 with forced:
-                    print(f"--- {shape_text} {dtype_name} {op}: {softmax_ops.explain(shape, dtype, op=op)}", flush=True)
+                    widening = out_dtype if op != "softmax_backward" else None
+                    plan = softmax_ops.explain(shape, dtype, op=op, out_dtype=widening)
+                    print(f"--- {shape_text} {dtype_name} {op} (dtype={widening}): {plan}", flush=True)
                     out = softmax_ops.softmax(x, -1) if op == "softmax_backward" else None
                     torch.cuda.synchronize()
                     y.copy_(x)
                     if op == "softmax_backward":
                         torch.ops.softmax_ops.softmax_backward(x, out, -1, dtype)
                     else:
-                        getattr(softmax_ops, op)(x, -1)
+                        getattr(softmax_ops, op)(x, -1, dtype=widening)
                     torch.cuda.synchronize()
         for case in filter(None, args.topk.split(",")):
             shape_text, k = case.split("k")
@@ -60,8 +65,8 @@ def main() -> None:
             print(f"--- fused_topk {case} {dtype_name}", flush=True)
             torch.cuda.synchronize()
             logits.sum(-1)  # the xSum yardstick
-            out_dtype = torch.float32 if args.topk_values == "float32" else None
-            softmax_ops.fused_topk(logits, int(k), -1, False, out_dtype)
+            values_dtype = torch.float32 if args.topk_values == "float32" else None
+            softmax_ops.fused_topk(logits, int(k), -1, False, values_dtype)
             torch.cuda.synchronize()
 
 

@@ -591,8 +591,9 @@ def test_rows_in_different_phases_are_not_peeled():
 # A 16-bit input with a float32 result (softmax(x, dtype=torch.float32)) has warp plans of its own
 # (softmax_dispatch.cpp: widening_short_row_packs, lean_rows, widening_cluster_rows): 2 packs per lane from 256
 # rows per SM, 4 below, rows of up to 2048 columns on the warp kernel however many there are, and rows of 2048
-# packs (16384 columns) or more in clusters of 2 from 8 rows per SM. The automatic choice, at and around those
-# boundaries, whole and peeled rows.
+# packs (16384 columns) or more in clusters of 2 from 8 rows per SM, caching 4 packs per thread in registers
+# (8 for peeled rows), their results written in lane pairs. The automatic choice, at and around those boundaries,
+# whole and peeled rows.
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("rows_per_sm,n,plan", [
@@ -600,8 +601,10 @@ def test_rows_in_different_phases_are_not_peeled():
     (256, 256, "2 pack(s) per lane"), (256, 100, "kernel warp"), (256, 8, "kernel warp"),
     (64, 2048, "kernel warp"), (64, 2040, "kernel warp"), (64, 2056, "kernel block_onepass"),
     (16, 2048, "kernel warp"), (2, 2048, "kernel block_onepass"),
-    (8, 16384, "clusters of 2"), (8, 16376, "kernel block_onepass"), (8, 16392, "clusters of 2"),
-    (8, 16383, "kernel block_onepass"), (7, 16384, "kernel block_onepass"), (8, 32000, "clusters of 2"),
+    (8, 16384, "clusters of 2 CTAs per row, 4 pack(s)"), (8, 16376, "kernel block_onepass"),
+    (8, 16392, "clusters of 2 CTAs per row, 4 pack(s)"), (8, 16383, "kernel block_onepass"),
+    (7, 16384, "kernel block_onepass"), (8, 32000, "clusters of 2 CTAs per row, 4 pack(s)"),
+    (8, 32001, "clusters of 2 CTAs per row, 8 pack(s)"),
 ])
 def test_widening_rows_automatic_plans(rows_per_sm, n, plan, in_dtype, op):
     x = make_input((rows_per_sm * sm_count(), n), in_dtype, seed=n)

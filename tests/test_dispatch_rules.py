@@ -433,6 +433,13 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel block_onepass" in line(8 * SM_COUNT, 16376)  # 2047 packs
     assert "kernel block_onepass" in line(8 * SM_COUNT - 1, 16384)
     assert "kernel block_onepass" in line(2048, 8192)
+    # Cluster and grid groups cache widening rows in 4 register packs per thread (kWideningGroupRegPacks: their
+    # results are written in lane pairs, which spilled in the 8-pack instance); peeled rows keep the 8 packs of
+    # their only instance, a same-dtype result the 8 of the largest bucket.
+    assert "clusters of 2 CTAs per row, 4 pack(s) per thread in registers + 0" in line(8192, 32000)
+    assert "4 CTAs per row (cooperative), 4 pack(s) per thread in registers + 6" in line(64, 151936)
+    assert "8 pack(s) per thread in registers + 2" in line(64, 151936, out_dtype=None)
+    assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
 
 
 def test_explain_of_a_result_dtype_follows_the_launchers_casts():

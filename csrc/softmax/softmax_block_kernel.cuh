@@ -318,19 +318,21 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   }
 #pragma unroll
   for (int p = 0; p < PREG; ++p) {
-    if (in_row(p)) {
+    const auto address = [&] { return args.out + row_offset + p * threads * VEC; };
+    store_pack_where<Out, VEC>(in_row(p), address, [&](auto&& arrange) {
       Pack<Out, VEC> result;
       // torch's association: exp(x - max) * (1 / sum), and (x - max) - log(sum)
+      if constexpr (kLog) {
+        const PackIn in = arrange(packs[p]);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        if constexpr (kLog) {
-          result.v[j] = convert<Out>((cached_element<float>(packs[p], j) - m) - log_sum);
-        } else {
-          result.v[j] = convert<Out>(v[p][j] * inv_sum);
-        }
+        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>((cached_element<float>(in, j) - m) - log_sum);
+        return result;
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(v[p][j] * inv_sum);
+        return arrange(result);  // the exponentials are floats already
       }
-      store_vec<Out, VEC>(args.out + row_offset + p * threads * VEC, result);
-    }
+    });
   }
 }
 
@@ -469,6 +471,11 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   using Acc = typename Op::Acc;
   using PackIn = Pack<In, VEC>;
   constexpr int S = Op::kStreams;
+  // Widening results in lane pairs (store_pack_where), but not from the largest register bucket: there the pairs
+  // spilled 64-80 bytes (ptxas, nvcc 13.0) and vocabulary rows ran 6-14% slower than with plain stores (H100,
+  // session 27 calls 2-4); the dispatcher caches widening groups in 4 packs (kWideningGroupRegPacks) instead.
+  // Peeled rows have that bucket only, and gained: 2048 x 50257 -9 / -24% (fp16 / bf16, call 4).
+  constexpr bool kPairStores = kLanePairStores<Out, VEC> && (kPeel || PREG < kMaxRegPacks<Op>);
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
   static_assert(!(kPeel && (kPrefetch || kStreamRest)), "peeled rows: the plain and lean instances only");
   if constexpr (kLean) {
@@ -729,7 +736,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
 #pragma unroll
         for (int p = 0; p < PREG; ++p) {
           const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
-          if (k < chunk_cached_end) {
+          if (k < chunk_cached_end) {  // 16-bit results: never lane pairs
             Pack<Out, VEC> result;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(local_exp[p][j] * scale);
@@ -740,29 +747,45 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       }
     }
 
-    auto write_pack = [&](int64_t k, auto&& pack_of_stream) {
-      Pack<Out, VEC> result;
+    auto write_pack = [&](int64_t k, bool cached, auto&& pack_of_stream) {
+      const auto address = [&] { return args.out + row_offset + k * VEC; };
+      store_pack_where<Out, VEC, kPairStores>(cached, address, [&](auto&& arrange) {
+        Pack<Out, VEC> result;
+        if constexpr (kPairStores) {  // a forward: one stream, its 16-bit inputs swapped
+          const PackIn in = arrange(pack_of_stream(0));
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        C v[S];
+          for (int j = 0; j < VEC; ++j) {
+            const C v[1] = {cached_element<C>(in, j)};
+            result.v[j] = op.apply(row_consts, v);
+          }
+        } else {
 #pragma unroll
-        for (int s = 0; s < S; ++s) v[s] = cached_element<C>(pack_of_stream(s), j);
-        result.v[j] = op.apply(row_consts, v);
-      }
-      store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+          for (int j = 0; j < VEC; ++j) {
+            C v[S];
+#pragma unroll
+            for (int s = 0; s < S; ++s) v[s] = cached_element<C>(pack_of_stream(s), j);
+            result.v[j] = op.apply(row_consts, v);
+          }
+        }
+        return result;
+      });
     };
     // The streamed rest first: what is left of it in L2 is evicted by every line the writes allocate.
     if constexpr (kStreamRest) write_packs<Op, VEC>(op, row_consts, row_in, args.out + row_offset, cached_end, end, tid, threads);
+    // Lane pairs (store_pack_where): every lane makes a pack, past the chunk from its padding, never stored.
+    constexpr bool kEveryLane = kPairStores;
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
-      if (k < chunk_cached_end) write_pack(k, [&](int s) -> const PackIn& { return cache[s][p]; });
+      const bool cached = k < chunk_cached_end;
+      if (kEveryLane || cached) write_pack(k, cached, [&](int s) -> const PackIn& { return cache[s][p]; });
     }
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
-      if (k < chunk_cached_end) {
+      const bool cached = k < chunk_cached_end;
+      if (kEveryLane || cached) {
         const auto staged = staged_slot(p);
-        write_pack(k, [&](int s) -> const PackIn& { return staged.stream[s]; });
+        write_pack(k, cached, [&](int s) -> const PackIn& { return staged.stream[s]; });
       }
     }
   }

@@ -69,6 +69,14 @@ struct Heuristics {
   // Widening rows in clusters of 2: see Chooser::widening_cluster_rows.
   static constexpr int64_t kWideningClusterMinPacks = 2048;
   static constexpr int64_t kWideningClusterMinRowsPerSm = 8;
+  // Widening rows cached by a cluster or grid group: 4 register packs per thread, not the 8 of the largest
+  // bucket (more threads, or more shared memory). Written in lane pairs (store_vec's whole-sector stores for
+  // float32 results), the 8-pack instance spilled 64-80 bytes (ptxas, nvcc 13.0) and ran 6-14% slower than
+  // before the pairs on vocabulary rows. H100, session 27 call 4 (two rounds in turns, softmax fp16 / bf16 ->
+  // float32, against the unpaired 8-pack plans, *session27-c4-compare-r4.txt*): 8192 x 32000 609 -> 540 us
+  // (-11%), 4096 x 32000 -14 / -13%, 8192 x 16384 -13 / -11%, 2048 x 131072 -18 / -23%, 64 x 151936 (grid) 45 ->
+  // 31 us (-31 / -33%). Peeled rows have the largest bucket only.
+  static constexpr int kWideningGroupRegPacks = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
   static constexpr int kWarpFullRowPacks16 = 2;
@@ -361,9 +369,10 @@ struct CacheShape {
 };
 
 // spread_threads > 0 (few rows, latency-bound): the fewest register packs per thread that keep the CTA
-// within that many threads, so each thread's dependent chain of max / sum steps stays short.
+// within that many threads, so each thread's dependent chain of max / sum steps stays short. group: the CTA caches
+// a chunk of a row for a cluster or grid group.
 std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget,
-                                      int spread_threads = 0) {
+                                      int spread_threads = 0, bool group = false) {
   packs = std::max<int64_t>(packs, 1);
   // Peeled rows have the most register packs only (softmax_block.cu compiles no other bucket for them).
   if (spread_threads > 0 && g.vec > 1 && !g.peel) {
@@ -372,7 +381,9 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
       if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
     }
   }
-  const int reg_packs = g.max_reg_packs;  // see the heuristic above; the only bucket for single elements
+  // The largest bucket (see the heuristic above; the only one for single elements and peeled rows), but for
+  // widening groups (Heuristics::kWideningGroupRegPacks).
+  const int reg_packs = g.widening && group && !g.peel ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
   const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
   const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;
@@ -717,7 +728,7 @@ class Chooser {
         const int64_t chunk = ceil_div(g_.n_packs, cluster);
         const int64_t chunk_bytes = chunk * g_.pack_bytes * g_.streams;
         if (chunk_bytes < Heuristics::kClusterMinChunkBytes) continue;
-        const auto shape = cache_shape(chunk, g_, max_threads, budget, Heuristics::kSpreadThreads);
+        const auto shape = cache_shape(chunk, g_, max_threads, budget, Heuristics::kSpreadThreads, /*group=*/true);
         if (!shape) continue;
         const SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
         if (resident(plan) < g_.rows) continue;
@@ -833,7 +844,7 @@ class Chooser {
       ctas_per_row = std::min(ctas_per_row, g_.n_packs);
       for (; ctas_per_row >= 2; --ctas_per_row) {
         const int64_t chunk = ceil_div(g_.n_packs, ctas_per_row);
-        const auto shape = cache_shape(chunk, g_, max_threads, budget, max_threads);
+        const auto shape = cache_shape(chunk, g_, max_threads, budget, max_threads, /*group=*/true);
         if (!shape) break;  // fewer CTAs only make the chunk larger
         const SoftmaxPlan plan = plan_grid_group(g_, *shape, ctas_per_row);
         if (resident(plan) < plan.grid) continue;
@@ -897,7 +908,7 @@ class Chooser {
     for (int step = 0; step <= kMaxClusterCtas - 2; ++step) {
       const int cluster = first + step <= kMaxClusterCtas ? first + step : kMaxClusterCtas - step;
       const int64_t chunk = ceil_div(g_.n_packs, cluster);
-      auto shape = cache_shape(chunk, g_, max_threads, budget);
+      auto shape = cache_shape(chunk, g_, max_threads, budget, /*spread_threads=*/0, /*group=*/true);
       if (!shape) continue;
       SoftmaxPlan plan = plan_cached(g_, props_, *shape, cluster);
       if (resident(plan) == 0) continue;  // the device cannot schedule one cluster of this size

@@ -98,6 +98,73 @@ __device__ __forceinline__ void store_vec(T* ptr, const Pack<T, N>& pack) {
   }
 }
 
+// Widening packs: 8 values of a 16-bit input as 8 float32 results, 32 bytes per lane. store_vec writes one
+// as two 16-byte stores, so each warp store instruction covers one half of every 32-byte sector it touches,
+// and L2 takes two partial writes per sector. Nsight Compute counted 1.8-2x the L2 write sectors of the data
+// on the one-pass block / grid kernels, which ran these rows at 0.54-0.86 of a copy; the pattern alone, with
+// nothing computed, ran at 0.72-0.90, and 16 contiguous bytes per lane at 0.98-1.05 (H100, session 27 call 1,
+// benchmarks/micro/widening_stores.cu).
+template <typename Out, int VEC>
+constexpr bool kLanePairStores = std::is_same_v<Out, float> && VEC == 8;
+
+// Lane pairs trade pack halves: lane 2m's upper half and lane 2m + 1's lower half change places, so that lane 2m
+// then holds both lower halves (its own, then its partner's) and lane 2m + 1 both upper halves. Applied to the
+// 16-bit inputs of a widening pack it moves 8 bytes each way instead of the results' 16. Every lane of the warp
+// calls it (the shuffles name all 32).
+template <typename T, int N>
+__device__ __forceinline__ Pack<T, N> swap_halves_in_lane_pairs(Pack<T, N> pack) {
+  constexpr int kWords = kPackBytes<T, N> / 4;
+  static_assert(kWords % 2 == 0, "two halves of whole 32-bit words");
+  uint32_t words[kWords];
+  __builtin_memcpy(words, &pack, sizeof(words));
+  const bool odd = (threadIdx.x & 1) != 0;  // the lane's parity: CTAs are whole warps
+#pragma unroll
+  for (int i = 0; i < kWords / 2; ++i) {
+    const uint32_t received = __shfl_xor_sync(0xffffffffu, odd ? words[i] : words[kWords / 2 + i], 1);
+    words[i] = odd ? received : words[i];
+    words[kWords / 2 + i] = odd ? words[kWords / 2 + i] : received;
+  }
+  __builtin_memcpy(&pack, words, sizeof(words));
+  return pack;
+}
+
+// Stores a widening pack whose halves swap_halves_in_lane_pairs arranged (before or after computing it: the ops
+// are element-wise), in whole sectors: lanes 2m and 2m + 1 hold adjacent packs (lane 2m + 1's ptr is lane 2m's +
+// VEC); the first store instruction writes lane 2m's pack, the second lane 2m + 1's, 16 bytes from each lane.
+// Each half goes out where the pack it belongs to is valid. Every lane of the warp calls it.
+template <int VEC>
+__device__ __forceinline__ void store_swapped_lane_pair(float* ptr, const Pack<float, VEC>& swapped, bool valid) {
+  static_assert(VEC == 8, "a pack of two 16-byte halves");
+  const bool odd = (threadIdx.x & 1) != 0;
+  const bool partner_valid = __shfl_xor_sync(0xffffffffu, static_cast<int>(valid), 1) != 0;
+  Pack<float, 4> lower;  // lane 2m's pack
+  Pack<float, 4> upper;  // lane 2m + 1's pack
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    lower.v[j] = swapped.v[j];
+    upper.v[j] = swapped.v[4 + j];
+  }
+  float* const first = odd ? ptr - 4 : ptr;  // where lane 2m's pack's half from this lane goes
+  if (odd ? partner_valid : valid) store_vec<float, 4>(first, lower);
+  if (odd ? valid : partner_valid) store_vec<float, 4>(first + VEC, upper);
+}
+
+// Writes the result pack make(arrange) returns at address() where `valid`; make applies arrange to the packs it
+// computes from (or to its result) and returns the result. Widening packs go out in lane pairs, arranged by
+// swap_halves_in_lane_pairs: then every lane of the warp calls this for its own pack, and make() runs in every
+// lane, on padding where the pack is not valid. Other packs: a plain store, arrange the identity, address and
+// pack made only where valid (lambdas, so that those instances compile as the store they replace).
+template <typename Out, int VEC, bool kPairs = kLanePairStores<Out, VEC>, typename Address, typename MakePack>
+__device__ __forceinline__ void store_pack_where(bool valid, Address&& address, MakePack&& make) {
+  if constexpr (kPairs) {
+    const auto swap = [](auto pack) { return swap_halves_in_lane_pairs(pack); };
+    store_swapped_lane_pair<VEC>(address(), make(swap), valid);
+  } else if (valid) {
+    const Pack<Out, VEC> pack = make([](auto same) { return same; });  // first, then the address: as before
+    store_vec<Out, VEC>(address(), pack);
+  }
+}
+
 // Element j of a cached pack in the compute type. bfloat16 -> float is a single shift, so the compiler
 // hoists it: it converted a warp's 64 cached values once and kept all 64 floats (or 64 16-bit halves, one
 // register each) alive across the max, sum and apply visits: 146-150 registers for the 8-pack warp kernel
@@ -152,6 +219,16 @@ __device__ __forceinline__ void visit_elements(const Pack<T, N> (&packs)[S][P], 
     for (int s = 0; s < S; ++s) v[s] = cached_element<C>(packs[s][p], j);
     fn(v, j);
   }
+}
+
+// visit_elements of packs[.][p] after arrange (store_pack_where's make): arrange(pack) per stream.
+template <typename C, typename T, int N, int S, int P, typename Arrange, typename Fn>
+__device__ __forceinline__ void visit_arranged_elements(const Pack<T, N> (&packs)[S][P], int p, Arrange&& arrange,
+                                                        Fn&& fn) {
+  Pack<T, N> arranged[S][1];
+#pragma unroll
+  for (int s = 0; s < S; ++s) arranged[s][0] = arrange(packs[s][p]);
+  visit_elements<C>(arranged, 0, fn);
 }
 
 template <typename T, int N, typename C>

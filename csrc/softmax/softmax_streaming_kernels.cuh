@@ -97,16 +97,21 @@ __device__ __forceinline__ void write_packs(const Op& op, const typename Op::Row
       if (k < end) {
 #pragma unroll
         for (int s = 0; s < S; ++s) packs[s][u] = load_vec<In, VEC, /*kLastUse=*/true>(in[s] + k * VEC);
+      } else if constexpr (kLanePairStores<Out, VEC>) {
+#pragma unroll
+        for (int s = 0; s < S; ++s) packs[s][u] = filled_pack<In, VEC>(Op::pad(s));  // made, never stored
       }
     }
+    // Every thread of the CTA takes the same steps (the range is the CTA's), as lane pairs need.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t k = first + static_cast<int64_t>(u) * stride;
-      if (k < end) {
+      store_pack_where<Out, VEC>(k < end, [&] { return out + k * VEC; }, [&](auto&& arrange) {
         Pack<Out, VEC> result;
-        visit_elements<C>(packs, u, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
-        store_vec<Out, VEC>(out + k * VEC, result);
-      }
+        visit_arranged_elements<C>(packs, u, arrange,
+                                   [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
+        return result;
+      });
     }
   }
 }
