@@ -1,0 +1,53 @@
+"""Runs every forced softmax-family kernel on 16-bit inputs with float32 results (the widening form, whose results
+go out in lane pairs: softmax_kernel_common.cuh, store_pack_where), for compute-sanitizer, and checks each result.
+
+Rows of an odd number of 16-byte packs (a lane pair's last pack has no partner), rows that break packs (peeled),
+and the automatic plans of group shapes (cluster and grid groups caching 4 register packs).
+
+Usage on a GPU machine: compute-sanitizer --tool memcheck python3 benchmarks/sanitize_widening.py
+A forced kernel that cannot handle a shape raises; those combinations are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import softmax_ops
+
+SHAPES = [(3, 8 * 37), (5, 8 * 1001), (2, 8 * 4097), (37, 8 * 2049 + 3), (2, 8 * 40001), (1, 300007)]
+AUTOMATIC_SHAPES = [(1056, 8 * 2049), (64, 8 * 4749), (9, 8 * 32769)]
+DTYPES = [torch.float16, torch.bfloat16]
+
+
+def check(x: torch.Tensor) -> None:
+    for op in ("softmax", "log_softmax"):
+        ours = getattr(softmax_ops, op)(x, -1, dtype=torch.float32)
+        expected = getattr(torch, op)(x, -1, dtype=torch.float32)
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+def main() -> None:
+    ran = skipped = 0
+    for kernel in softmax_ops.list_kernels("softmax"):
+        with softmax_ops.force_kernel("softmax", kernel):
+            for shape in SHAPES:
+                for dtype in DTYPES:
+                    x = (torch.randn(shape, device="cuda") * 3).to(dtype)
+                    try:
+                        check(x)
+                        torch.cuda.synchronize()
+                        ran += 1
+                    except (RuntimeError, ValueError) as error:
+                        if "cannot" not in str(error) and "can't" not in str(error):
+                            raise
+                        skipped += 1
+    for shape in AUTOMATIC_SHAPES:
+        for dtype in DTYPES:
+            check((torch.randn(shape, device="cuda") * 3).to(dtype))
+            ran += 1
+    torch.cuda.synchronize()
+    print(f"widening: {ran} checked, {skipped} skipped (a forced kernel that cannot take the shape)")
+
+
+if __name__ == "__main__":
+    main()
