@@ -14,14 +14,21 @@ SHAPES = [(3, 1), (5, 33), (2, 1000), (3, 4097), (2, 70001), (1, 300007)]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def run_family(family: str, call) -> tuple[int, int]:
+def unaligned_input(shape, dtype) -> torch.Tensor:
+    """Normal values x 3, without the first column (a row start off every vector boundary)."""
+    if shape[1] == 1:
+        return torch.randn(shape, device="cuda").to(dtype)
+    return (torch.randn(shape, device="cuda") * 3).to(dtype)[:, 1:]
+
+
+def run_family(family: str, call, shapes=SHAPES, dtypes=DTYPES, make_input=unaligned_input) -> tuple[int, int]:
+    """call(make_input(shape, dtype)) under every forced kernel of family: (runs, combinations the kernel refused)."""
     ran = skipped = 0
     for kernel in softmax_ops.list_kernels(family):
         with softmax_ops.force_kernel(family, kernel):
-            for shape in SHAPES:
-                for dtype in DTYPES:
-                    x = (torch.randn(shape, device="cuda") * 3).to(dtype)[:, 1:] if shape[1] > 1 else \
-                        torch.randn(shape, device="cuda").to(dtype)
+            for shape in shapes:
+                for dtype in dtypes:
+                    x = make_input(shape, dtype)
                     try:
                         call(x)
                         torch.cuda.synchronize()
