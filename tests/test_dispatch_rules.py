@@ -442,6 +442,11 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel grid_onepass" in grid and "(cooperative), 4 pack(s) per thread in registers" in grid, grid
     assert "(cooperative), 8 pack(s) per thread in registers" in same_dtype_grid, same_dtype_grid
     assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
+    # Few rows that break packs plan their longest body as a row, then run it peeled: the largest bucket too
+    # (with 4 packs that plan was refused, and the rows fell back to single elements).
+    few_peeled = line(64, 151935)
+    assert "8 element(s) per access" in few_peeled and "8 pack(s) per thread" in few_peeled, few_peeled
+    assert "peeled" in few_peeled, few_peeled
 
 
 def test_explain_of_a_result_dtype_follows_the_launchers_casts():

@@ -9,7 +9,7 @@
 //   stream4     grid-stride; a lane reads 8 bytes (4 values) and writes one float4 (a store instruction
 //               covers 512 contiguous bytes)
 //   stream8x    stream8 with lanes 2m and 2m + 1 trading halves first (4 shuffles per pack), so that each store
-//               instruction writes whole 32-byte sectors: the extension's store_vec_lane_pairs
+//               instruction writes whole 32-byte sectors: the extension's store_pack_where
 //   phased8/4   a CTA caches its chunk in registers (P packs per thread, pack-strided like the block
 //               kernel), meets at a barrier, then writes it all: the one-pass kernels' load-then-store
 //               phases, with the 8- or 4-value pack

@@ -118,7 +118,8 @@ cudaError_t prepare(Kernel kernel, const SoftmaxPlan& plan) {
 cudaError_t launch_softmax_block(const SoftmaxProblem& problem, const SoftmaxPlan& plan,
                                  const SoftmaxPointers& ptrs, cudaStream_t stream) {
   const bool grid_group = plan.kernel == SoftmaxKernel::kGridOnePass;
-  if (plan.cluster < 1 || plan.grid % plan.cluster != 0) return cudaErrorInvalidValue;
+  // Whole warps: the lane-pair stores of widening results shuffle over all 32 lanes (store_pack_where).
+  if (plan.cluster < 1 || plan.grid % plan.cluster != 0 || plan.threads % 32 != 0) return cudaErrorInvalidValue;
   if (plan.lean && (plan.threads > lean_cta_threads(plan.reg_packs) || plan.cluster != 1 || plan.smem_packs != 0)) {
     return cudaErrorInvalidValue;
   }

@@ -752,6 +752,7 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       store_pack_where<Out, VEC, kPairStores>(cached, address, [&](auto&& arrange) {
         Pack<Out, VEC> result;
         if constexpr (kPairStores) {  // a forward: one stream, its 16-bit inputs swapped
+          static_assert(S == 1, "lane pairs for float32 results of 16-bit inputs: forwards only");
           const PackIn in = arrange(pack_of_stream(0));
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {

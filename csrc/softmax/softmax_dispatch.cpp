@@ -70,12 +70,15 @@ struct Heuristics {
   static constexpr int64_t kWideningClusterMinPacks = 2048;
   static constexpr int64_t kWideningClusterMinRowsPerSm = 8;
   // Widening rows cached by a cluster or grid group: 4 register packs per thread, not the 8 of the largest
-  // bucket (more threads, or more shared memory). Written in lane pairs (store_vec's whole-sector stores for
-  // float32 results), the 8-pack instance spilled 64-80 bytes (ptxas, nvcc 13.0) and ran 6-14% slower than
-  // before the pairs on vocabulary rows. H100, session 27 call 4 (two rounds in turns, softmax fp16 / bf16 ->
+  // bucket (more threads, or more shared memory). Written in lane pairs (store_pack_where's whole-sector stores
+  // of float32 results), the 8-pack instance spilled 64-80 bytes (ptxas, nvcc 13.0) and ran 6-14% slower than
+  // before the pairs on vocabulary rows, so it keeps plain stores. H100, session 27 call 4 (two rounds in turns, softmax fp16 / bf16 ->
   // float32, against the unpaired 8-pack plans, *session27-c4-compare-r4.txt*): 8192 x 32000 609 -> 540 us
   // (-11%), 4096 x 32000 -14 / -13%, 8192 x 16384 -13 / -11%, 2048 x 131072 -18 / -23%, 64 x 151936 (grid) 45 ->
-  // 31 us (-31 / -33%). Peeled rows have the largest bucket only.
+  // 31 us (-31 / -33%). Call 9 (the plans whose cluster size changed with it, against session 26's,
+  // *session27-c9-compare-vocab-and-peeled.txt*): 4096 x 151936 (clusters of 3, were 2) 1606 -> 1301 us, 512 x
+  // 151936 -26 / -28%, 100 x 262144 (4, were 3) -38%, 1024 x 262144 -24 / -27%. Peeled rows, and bodies planned to
+  // be run peeled (64 x 151935: 47 -> 35 us), have the largest bucket only.
   static constexpr int kWideningGroupRegPacks = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
@@ -233,6 +236,7 @@ struct Geometry {
   int vec;             // elements per pack
   bool peel;           // 16-byte packs for a row whose length or start breaks them: its aligned body (n_packs is
                        // the longest body's) plus single edge elements (plan.peel)
+  bool body;           // the longest aligned body planned as if it were the row, to be run peeled (RowView::kBody)
   int max_edges;       // peel: edge elements a row of this launch has at most (max_row_edges), else 0
   int pack_bytes;      // bytes per pack of one stream
   int64_t n_packs;     // packs per row
@@ -267,6 +271,7 @@ Geometry geometry_of(const SoftmaxRequest& request, RowView view = RowView::kNat
   const int vec16 = 16 / g.in_bytes;
   const bool body = view != RowView::kNatural && peelable(request);
   g.peel = body && view == RowView::kPeeled;
+  g.body = body && view == RowView::kBody;
   g.vec = whole_packs(request) || body ? vec16 : 1;
   // Only rows read in 16-byte packs (whole or peeled): the widening rules were measured on those, and their
   // thresholds count packs (single elements would meet a pack threshold 8x sooner).
@@ -381,9 +386,11 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
       if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
     }
   }
-  // The largest bucket (see the heuristic above; the only one for single elements and peeled rows), but for
-  // widening groups (Heuristics::kWideningGroupRegPacks).
-  const int reg_packs = g.widening && group && !g.peel ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
+  // The largest bucket (see the heuristic above; the only one for single elements and for peeled rows, the kBody
+  // view's plan included: peel_few_rows runs only that bucket peeled), but for widening groups
+  // (Heuristics::kWideningGroupRegPacks).
+  const bool runs_peeled = g.peel || g.body;
+  const int reg_packs = g.widening && group && !runs_peeled ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
   const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
   const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;

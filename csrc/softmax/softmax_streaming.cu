@@ -17,6 +17,8 @@ cudaError_t launch_softmax_streaming(const SoftmaxProblem& problem, const Softma
       softmax_strided_kernel<Op><<<grid, block, 0, stream>>>(args);
       return cudaGetLastError();
     }
+    // Whole warps: the lane-pair stores of widening results shuffle over all 32 lanes (store_pack_where).
+    if (plan.threads % 32 != 0) return cudaErrorInvalidValue;
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) -> cudaError_t {
       constexpr int kVec = std::decay_t<decltype(vec)>::value;
       // launch(std::bool_constant<kPeel>) with the plan's peeling: peeled rows read their body in 16-byte packs,
