@@ -773,18 +773,18 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     };
     // The streamed rest first: what is left of it in L2 is evicted by every line the writes allocate.
     if constexpr (kStreamRest) write_packs<Op, VEC>(op, row_consts, row_in, args.out + row_offset, cached_end, end, tid, threads);
-    // Lane pairs (store_pack_where): every lane makes a pack, past the chunk from its padding, never stored.
-    constexpr bool kEveryLane = kPairStores;
+    // Lane pairs (kPairStores, store_pack_where): every lane makes a pack, past the chunk from its padding, never
+    // stored.
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
       const bool cached = k < chunk_cached_end;
-      if (kEveryLane || cached) write_pack(k, cached, [&](int s) -> const PackIn& { return cache[s][p]; });
+      if (kPairStores || cached) write_pack(k, cached, [&](int s) -> const PackIn& { return cache[s][p]; });
     }
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
       const bool cached = k < chunk_cached_end;
-      if (kEveryLane || cached) {
+      if (kPairStores || cached) {
         const auto staged = staged_slot(p);
         write_pack(k, cached, [&](int s) -> const PackIn& { return staged.stream[s]; });
       }
