@@ -2,7 +2,8 @@
 go out in lane pairs: softmax_kernel_common.cuh, store_pack_where), for compute-sanitizer, and checks each result.
 
 Rows of an odd number of 16-byte packs (a lane pair's last pack has no partner), rows that break packs (peeled),
-and the automatic plans of group shapes (cluster and grid groups caching 4 register packs).
+short rows the warp kernel gives 1, 2 or 4 lanes (rows of one lane store without pairs), and the automatic plans
+of group shapes (cluster and grid groups caching 4 register packs).
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck python3 benchmarks/sanitize_widening.py
 A forced kernel that cannot handle a shape raises; those combinations are skipped and counted.
@@ -15,7 +16,7 @@ from sanitize_subset import run_family  # this directory is the script's: on sys
 
 import softmax_ops
 
-SHAPES = [(3, 8 * 37), (5, 8 * 1001), (2, 8 * 4097), (37, 8 * 2049 + 3), (2, 8 * 40001), (1, 300007)]
+SHAPES = [(67, 8), (33, 8 * 3), (65, 8 * 9), (3, 8 * 37), (5, 8 * 1001), (2, 8 * 4097), (37, 8 * 2049 + 3), (2, 8 * 40001), (1, 300007)]
 AUTOMATIC_SHAPES = [(1056, 8 * 2049), (64, 8 * 4749), (9, 8 * 32769)]
 DTYPES = [torch.float16, torch.bfloat16]
 

@@ -21,12 +21,21 @@
 
 namespace softmax_ops::detail {
 
+// Widening results (16-bit rows, float32 out) go out in lane pairs (store_swapped_lane_pair: whole 32-byte sectors
+// per store instruction) when a row has 2 lanes or more: lanes 2m and 2m + 1 then hold adjacent packs of one row.
+// Rows of one lane have no partner in their row and store plainly (a run-time choice: `lanes` is the launch's).
+// Not in the peeled 8-pack instances: with pairs the bfloat16 one took 168 registers instead of 122 (3 CTAs per SM
+// instead of 4; nvcc 13.0, sm_90).
+template <typename Op, int VEC, int PACKS, int EDGES>
+constexpr bool kWarpPairStores =
+    kLanePairStores<typename Op::Out, VEC> && Op::kStreams == 1 && !(EDGES > 0 && PACKS == kWarpKernelMaxPacks);
+
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
 // EDGES > 0 (a peeled row): edge[i] is the lane's i-th edge element (the padding where it holds none), its
 // result written to edge_out[i] where that is not null.
 template <typename Op, int VEC, int PACKS, int EDGES = 0>
 __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
-                                             int lane_in_row, int64_t n_packs, bool row_valid,
+                                             int lane_in_row, int64_t n_packs, bool row_valid, bool pairs,
                                              typename Op::Out* out, const float* edge = nullptr,
                                              typename Op::Out* const* edge_out = nullptr) {
   using Out = typename Op::Out;
@@ -68,12 +77,19 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
 #pragma unroll
   for (int p = 0; p < PACKS; ++p) {
     const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
-    if (row_valid && k < n_packs) {
-      Pack<Out, VEC> result;
+    const auto result = [&] {
+      Pack<Out, VEC> pack;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) result.v[j] = convert<Out>(e[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
-      store_vec<Out, VEC>(out + k * VEC, result);
+      for (int j = 0; j < VEC; ++j) pack.v[j] = convert<Out>(e[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
+      return pack;
+    };
+    if constexpr (kWarpPairStores<Op, VEC, PACKS, EDGES>) {
+      if (pairs) {
+        store_swapped_lane_pair<VEC>(out + k * VEC, result(), row_valid && k < n_packs);
+        continue;
+      }
     }
+    if (row_valid && k < n_packs) store_vec<Out, VEC>(out + k * VEC, result());
   }
 #pragma unroll
   for (int i = 0; i < EDGES; ++i) {
@@ -138,6 +154,15 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
         }
       }
     }
+    // Pairs trade the halves of their 16-bit inputs before any math: a row's reductions see the same values, and
+    // each result is computed in the lane that stores it. Padding (-inf) swapped into a valid pack is never stored.
+    const bool pairs = kWarpPairStores<Op, VEC, PACKS, EDGES> && lanes > 1;
+    if constexpr (kWarpPairStores<Op, VEC, PACKS, EDGES>) {
+      if (pairs) {
+#pragma unroll
+        for (int p = 0; p < PACKS; ++p) cache[0][p] = swap_halves_in_lane_pairs(cache[0][p]);
+      }
+    }
 
     if constexpr (kWarpExpOnce<Op, VEC, PACKS>) {
       if (!op.log) {
@@ -150,10 +175,11 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
             edge_value[i] = edge[i][0];
             edge_out[i] = row_valid && e < edges.count() ? args.out + row * args.n + edges.column(e) : nullptr;
           }
-          exp_once_row<Op, VEC, PACKS, EDGES>(cache[0], lanes, lane_in_row, n_packs, row_valid,
+          exp_once_row<Op, VEC, PACKS, EDGES>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
                                               args.out + row_offset, edge_value, edge_out);
         } else {
-          exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, args.out + row_offset);
+          exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
+                                       args.out + row_offset);
         }
         continue;
       }
@@ -180,6 +206,24 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       store_edge(args, row * args.n, edges, row_valid ? lane_in_row + i * lanes : -1, row_consts, edge[i]);
     }
 
+    if constexpr (kWarpPairStores<Op, VEC, PACKS, EDGES>) {
+      if (pairs) {  // every lane stores, its packs made from padding where not valid
+#pragma unroll
+        for (int p = 0; p < PACKS; ++p) {
+          const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
+          Pack<Out, VEC> result;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const C v[1] = {cached_element<C>(cache[0][p], j)};
+            result.v[j] = op.apply(row_consts, v);
+          }
+          store_swapped_lane_pair<VEC>(args.out + row_offset + k * VEC, result, row_valid && k < n_packs);
+        }
+        continue;
+      }
+    }
+    // The loop below is the one every other instance runs; it keeps its own copy of the apply loop (sharing one
+    // lambda with the pairs' loop moved the register allocation of same-dtype and float64 instances).
 #pragma unroll
     for (int p = 0; p < PACKS; ++p) {
       const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
