@@ -1,6 +1,8 @@
 #include "softmax_ops/op_checks.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
+#include <c10/util/strides.h>
 
 #include <string>
 
@@ -46,6 +48,18 @@ RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim) {
   layout.n = sizes[wrapped_dim];
   for (int64_t d = wrapped_dim + 1; d < contiguous.dim(); ++d) layout.inner *= sizes[d];
   return layout;
+}
+
+at::Tensor restore_dim_order(const at::Tensor& dim_last_result, int64_t wrapped_dim) {
+  const at::Tensor& t = dim_last_result;
+  if (t.dim() == 0 || wrapped_dim == t.dim() - 1) return t;
+  const at::Tensor moved = t.movedim(-1, wrapped_dim);
+  if (!moved.is_contiguous()) return moved.contiguous();  // a copy, into at::empty's strides
+  // The same memory order (the dims after wrapped_dim are all of size 1): only size-1 dims' strides differ.
+  // The same storage under torch's strides; a tensor of its own, not a view of t (which the caller drops).
+  at::Tensor restrided = at::empty({0}, t.options());
+  restrided.set_(t.storage(), t.storage_offset(), moved.sizes(), c10::contiguous_strides(moved.sizes()));
+  return restrided;
 }
 
 at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::ScalarType> dtype,

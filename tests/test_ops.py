@@ -261,6 +261,41 @@ def test_fused_topk_non_contiguous(device):
         assert torch.allclose(values.cpu().double(), ref_values, atol=1e-6)
 
 
+# Results carry the strides torch gives its own (contiguous, size-1 dims included), the strides the fake kernels
+# promise: a non-last dim's result computed dim-last had kept dim-last strides on its size-1 dims ((6, 1, 1) for a
+# result of shape (4, 1, 1) where torch has (6, 6, 1)), which still counts as contiguous but is not torch's layout.
+SIZE_ONE_DIM_CASES = [((4, 1, 6), 1), ((2, 3, 1, 5), 2), ((3, 1), 0), ((2, 1, 1, 3), 1), ((5, 1, 2), 0)]
+
+
+def strides_of_result_and_gradient(fn, x: torch.Tensor, *args) -> tuple:
+    """Strides of fn(x, *args) (its first result where it returns several) and of its gradient."""
+    leaf = x.detach().clone().requires_grad_()
+    result = fn(leaf, *args)
+    result = result[0] if isinstance(result, tuple) else result
+    (gradient,) = torch.autograd.grad(result, leaf, torch.ones_like(result))
+    return result.stride(), gradient.stride()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+@pytest.mark.parametrize("shape,dim", SIZE_ONE_DIM_CASES)
+def test_results_have_torchs_strides_on_size_one_dims(shape, dim, transposed, device):
+    x = make_input(shape, torch.float32, device)
+    if transposed:
+        x = x.transpose(0, -1)
+    fake = torch.empty_strided(x.shape, x.stride(), device="meta")
+    for ours, torch_fn in SOFTMAX_OPS:
+        expected = strides_of_result_and_gradient(torch_fn, x, dim)
+        assert strides_of_result_and_gradient(ours, x, dim) == expected
+        assert ours(fake, dim).stride() == expected[0]
+    for k in sorted({1, x.shape[dim]}):
+        expected = strides_of_result_and_gradient(torch.topk, torch.softmax(x, dim), k, dim)
+        assert strides_of_result_and_gradient(softmax_ops.fused_topk, x, k, dim) == expected
+        values, indices = softmax_ops.fused_topk(x, k, dim)
+        fake_values, fake_indices = softmax_ops.fused_topk(fake, k, dim)
+        assert indices.stride() == fake_indices.stride() == fake_values.stride() == values.stride() == expected[0]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("k", [256, 1024, 4099])
 def test_fused_topk_renormalized_values_stay_accurate_for_large_k(k, device):

@@ -73,13 +73,6 @@ inline at::Tensor with_dim_last(const at::Tensor& t, int64_t wrapped_dim) {
   return dim_last_view(t, wrapped_dim).contiguous();
 }
 
-// Inverse of with_dim_last for a result computed in the dim-last layout: a contiguous tensor in the
-// caller's dim order (no copy when dim was last).
-inline at::Tensor with_dim_restored(const at::Tensor& t, int64_t wrapped_dim) {
-  if (t.dim() == 0) return t;
-  return t.movedim(-1, wrapped_dim).contiguous();
-}
-
 // Length of the last dim of a dim-last tensor (a 0-d tensor is one row of length 1).
 inline int64_t row_length(const at::Tensor& t) { return t.dim() == 0 ? 1 : t.size(-1); }
 

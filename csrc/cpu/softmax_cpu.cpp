@@ -91,7 +91,7 @@ at::Tensor softmax_forward(const at::Tensor& self, int64_t dim, c10::optional<at
       });
     });
   }
-  return with_dim_restored(result, wrapped);
+  return restore_dim_order(result, wrapped);
 }
 
 // torch's rule: when the forward widened float16/bfloat16 to float32 (or did not change dtype) the
@@ -122,7 +122,7 @@ at::Tensor softmax_backward(const at::Tensor& grad_output, const at::Tensor& out
       });
     });
   }
-  at::Tensor restored = with_dim_restored(grad_input, wrapped);
+  at::Tensor restored = restore_dim_order(grad_input, wrapped);
   return written_dtype == input_dtype ? restored : restored.to(input_dtype);
 }
 

@@ -262,7 +262,7 @@ std::tuple<at::Tensor, at::Tensor> fused_topk(const at::Tensor& self, int64_t k,
       });
     });
   }
-  return {with_dim_restored(values, wrapped), with_dim_restored(indices, wrapped)};
+  return {restore_dim_order(values, wrapped), restore_dim_order(indices, wrapped)};
 }
 
 // The gradient is computed in the dtype the forward kernel read (self's, or the forward's dtype= when that
@@ -301,7 +301,7 @@ at::Tensor fused_topk_backward(const at::Tensor& grad_values, const at::Tensor& 
       });
     });
   }
-  at::Tensor restored = with_dim_restored(grad_self, wrapped);
+  at::Tensor restored = restore_dim_order(grad_self, wrapped);
   return work_dtype == self_dtype ? restored : restored.to(self_dtype);
 }
 

@@ -34,12 +34,6 @@ at::Tensor dim_last(const at::Tensor& t, int64_t wrapped_dim) {
   return t.dim() == 0 ? t : t.movedim(wrapped_dim, -1);
 }
 
-// A result computed in the dim-last layout, back in the caller's layout, contiguous.
-at::Tensor dim_restored(const at::Tensor& t, int64_t wrapped_dim) {
-  if (t.dim() == 0 || wrapped_dim == t.dim() - 1) return t;
-  return t.movedim(-1, wrapped_dim).contiguous();
-}
-
 std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
   std::vector<int64_t> shape = t.sizes().vec();
   if (!shape.empty()) shape.back() = last;
@@ -134,7 +128,7 @@ std::tuple<at::Tensor, at::Tensor> fused_topk_cuda(const at::Tensor& self, int64
     const TopkPlan plan = resolve_topk_plan(rows, n, k, problem.in_dtype, topk_device_props());
     launch_plan(problem, plan, input, values, indices, c10::cuda::getCurrentCUDAStream().stream());
   }
-  return {dim_restored(values, wrapped), dim_restored(indices, wrapped)};
+  return {restore_dim_order(values, wrapped), restore_dim_order(indices, wrapped)};
 }
 
 // The gradient is computed in the dtype the forward kernel read (self's, or the forward's dtype= when that
@@ -183,7 +177,7 @@ at::Tensor fused_topk_backward_cuda(const at::Tensor& grad_values, const at::Ten
     }
     C10_CUDA_CHECK(launch_topk_backward(problem, plan, ptrs, c10::cuda::getCurrentCUDAStream().stream()));
   }
-  const at::Tensor restored = dim_restored(grad_self, wrapped);
+  const at::Tensor restored = restore_dim_order(grad_self, wrapped);
   return work_dtype == self_dtype ? restored : restored.to(self_dtype);
 }
 
