@@ -63,7 +63,13 @@ def fused_topk(
     ``values`` equals ``torch.topk(torch.softmax(x, dim, dtype=dtype), k, dim).values`` (sorted
     descending); with ``renormalize=True`` they are divided by their sum, i.e. the softmax over the k
     selected logits (the MoE-router form). ``indices`` are int64, distinct and in ``[0, N)`` for any input,
-    NaN and inf included; equal values go to the lower index. Differentiable w.r.t. ``x``.
+    NaN and inf included. Differentiable w.r.t. ``x``.
+
+    Order: by logit, i.e. by probability before it is rounded to the result dtype; equal logits go to the lower
+    index. Where distinct logits give probabilities that round (or underflow) to the same value, the larger
+    logit comes first, while ``torch.topk`` of the rounded probabilities orders those ties its own way (on CPU,
+    the lower index first), so the indices can differ there. With float16 / bfloat16 results such ties are
+    common (the torch.compile pass therefore leaves ``topk(softmax(x))`` with 16-bit probabilities alone).
 
     Example:
         >>> import torch, softmax_ops

@@ -931,14 +931,38 @@ return (softmax_default,)""",
     )
 
 
-def test_autocast_upcast_renorm_is_not_fused():
+def test_renorm_that_changes_dtype_is_not_fused():
     from softmax_ops._rewrite import rewrite_graph
 
-    outcome = rewrite_graph(_fake_graph(torch.float16, torch.float16, torch.float32), ["cpu"])
+    outcome = rewrite_graph(_fake_graph(torch.float16, torch.float32, torch.float64), ["cpu"])
     assert outcome.counts() == {"softmax_topk": 1}
     assert [s.reason for s in outcome.skipped] == [
-        "renormalisation changes dtype torch.float16 -> torch.float32 (autocast)"
+        "renormalisation changes dtype torch.float32 -> torch.float64 (autocast)"
     ]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_topk_of_16_bit_probabilities_is_not_fused(dtype):
+    # Distinct logits whose probabilities round to the same 16-bit value: torch.topk orders them its own way
+    # (on CPU the lower index first), fused_topk by logit, so the selected indices would differ (_rewrite.py,
+    # "Ties"). The topk, and the renormalisation, stay with torch.
+    from softmax_ops._rewrite import rewrite_graph
+
+    outcome = rewrite_graph(_fake_graph(dtype, dtype, dtype), ["cpu"])
+    assert outcome.counts() == {"softmax": 1}  # the softmax alone still is ours; torch.topk ranks its values
+    reason = (f"{dtype} probabilities: distinct logits often round to the same 16-bit value, which torch.topk "
+              "orders its own way and fused_topk by logit")
+    assert [(s.pattern, s.reason) for s in outcome.skipped] == [("softmax_topk", reason)]
+
+
+def test_16_bit_probability_ties_that_the_pass_avoids():
+    # The case behind the rule above, on the ops themselves: 0 and 0.001 (bfloat16) have probabilities that
+    # round to the same bfloat16 value; torch.topk of them takes index 0 on CPU, fused_topk the larger logit.
+    x = torch.tensor([[0.0, 0.001, -5.0]], dtype=torch.bfloat16)
+    probabilities = torch.softmax(x, -1)
+    assert probabilities[0, 0] == probabilities[0, 1]
+    values, indices = softmax_ops.fused_topk(x, 1)
+    assert values[0, 0] == probabilities[0, 0] and indices[0, 0] == 1
 
 
 @requires_cuda
