@@ -23,6 +23,15 @@ def _refuse_untracked_derivatives(op: str, x: torch.Tensor) -> None:
         )
 
 
+# Python's scalar types stand for these dtypes wherever torch takes a dtype (torch.softmax(x, 0, dtype=float) is
+# float64); the op schemas take torch.dtype only.
+_PYTHON_TYPE_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
+
+
+def _as_dtype(dtype: torch.dtype | type | None) -> torch.dtype | None:
+    return _PYTHON_TYPE_DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
+
+
 def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Softmax of ``x`` along ``dim``, with exactly ``torch.softmax``'s semantics.
 
@@ -36,7 +45,7 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) ->
         tensor([[0.0900, 0.2447, 0.6652]])
     """
     _refuse_untracked_derivatives("softmax", x)
-    return torch.ops.softmax_ops.softmax.default(x, dim, dtype)
+    return torch.ops.softmax_ops.softmax.default(x, dim, _as_dtype(dtype))
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -48,7 +57,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None
         tensor([-0.6931, -0.6931])
     """
     _refuse_untracked_derivatives("log_softmax", x)
-    return torch.ops.softmax_ops.log_softmax.default(x, dim, dtype)
+    return torch.ops.softmax_ops.log_softmax.default(x, dim, _as_dtype(dtype))
 
 
 def fused_topk(
@@ -80,4 +89,4 @@ def fused_topk(
         tensor([[0.7311, 0.2689]])
     """
     _refuse_untracked_derivatives("fused_topk", x)
-    return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, dtype)
+    return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, _as_dtype(dtype))

@@ -79,6 +79,19 @@ def test_softmax_dtype_argument(ours, torch_fn, in_dtype, out_dtype, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_python_float_as_dtype_means_float64_as_in_torch(device):
+    x = make_input((3, 5), torch.float32, device, seed=2)
+    for ours, torch_fn in SOFTMAX_OPS:
+        out, expected = ours(x, 0, dtype=float), torch_fn(x, 0, dtype=float)
+        assert out.dtype == expected.dtype == torch.float64
+        torch.testing.assert_close(out, expected)
+    values, indices = softmax_ops.fused_topk(x, 2, 0, dtype=float)
+    expected_values, expected_indices = torch.topk(torch.softmax(x, 0, dtype=float), 2, 0)
+    assert values.dtype == torch.float64 and torch.equal(indices, expected_indices)
+    torch.testing.assert_close(values, expected_values)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("ours,torch_fn", SOFTMAX_OPS, ids=SOFTMAX_IDS)
 def test_softmax_non_contiguous_and_unaligned(ours, torch_fn, dtype, device):
