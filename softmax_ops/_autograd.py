@@ -43,6 +43,43 @@ def _fused_topk_backward(ctx, grad_values, _grad_indices):
     return grad, None, None, None, None
 
 
+def _backward_setup(ctx, inputs, output) -> None:
+    grad_output, softmax_output, dim, _input_dtype = inputs
+    ctx.dim = dim
+    ctx.save_for_backward(grad_output, softmax_output)
+
+
+def _as_work_dtype(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """The tensors in float32 (float64 stays float64): the second derivatives' math, torch ops only, so that
+    they are differentiable again."""
+    work = torch.promote_types(tensors[1].dtype, torch.float32)
+    return [t.to(work) for t in tensors]
+
+
+def _softmax_backward_backward(ctx, grad_grad_input):
+    """Double backward. softmax_backward computes dx = y * (g - sum(g * y)); with h the gradient of dx:
+    d/dg = y * (h - sum(h * y)) (softmax_backward of h itself) and d/dy = h * (g - sum(g * y)) - g * sum(h * y),
+    which flows on into the forward's output y and from there to x."""
+    grad_output, output = ctx.saved_tensors
+    g, y, h = _as_work_dtype(grad_output, output, grad_grad_input)
+    hy = (h * y).sum(ctx.dim, keepdim=True)
+    gy = (g * y).sum(ctx.dim, keepdim=True)
+    grad_g = y * (h - hy)
+    grad_y = h * (g - gy) - g * hy
+    return grad_g.to(grad_output.dtype), grad_y.to(output.dtype), None, None
+
+
+def _log_softmax_backward_backward(ctx, grad_grad_input):
+    """Double backward. log_softmax_backward computes dx = g - exp(y) * sum(g); with h the gradient of dx:
+    d/dg = h - sum(h * exp(y)) and d/dy = -h * exp(y) * sum(g)."""
+    grad_output, output = ctx.saved_tensors
+    g, y, h = _as_work_dtype(grad_output, output, grad_grad_input)
+    p = y.exp()
+    grad_g = h - (h * p).sum(ctx.dim, keepdim=True)
+    grad_y = -h * p * g.sum(ctx.dim, keepdim=True)
+    return grad_g.to(grad_output.dtype), grad_y.to(output.dtype), None, None
+
+
 def _no_double_backward(op: str):
     """An autograd formula for a backward op that refuses to be differentiated. Without one, torch's fallback
     for ops with no autograd kernel only warns and returns a wrong (incomplete) second derivative."""
@@ -50,7 +87,7 @@ def _no_double_backward(op: str):
     def backward(ctx, *grads):
         raise RuntimeError(
             f"softmax_ops.{op}: double backward is not supported (the gradient of a softmax_ops gradient); "
-            "use torch.softmax / torch.log_softmax / torch.topk for higher-order derivatives"
+            "use torch.topk(torch.softmax(...)) for higher-order derivatives"
         )
 
     return backward
@@ -61,8 +98,9 @@ def _nothing_to_save(ctx, inputs, output) -> None:
 
 
 def register() -> None:
-    """Attach the backward formulas to softmax, log_softmax and fused_topk, and make differentiating their
-    backward ops (double backward) raise instead of silently giving a wrong result."""
+    """Attach the backward formulas to softmax, log_softmax and fused_topk, and the double-backward formulas
+    to softmax_backward and log_softmax_backward (in torch ops: higher-order derivatives, as torch supports for
+    its softmax); differentiating fused_topk_backward raises instead of silently giving a wrong result."""
     torch.library.register_autograd(
         "softmax_ops::softmax", _softmax_backward, setup_context=_softmax_setup
     )
@@ -72,7 +110,13 @@ def register() -> None:
     torch.library.register_autograd(
         "softmax_ops::fused_topk", _fused_topk_backward, setup_context=_fused_topk_setup
     )
-    for op in ("softmax_backward", "log_softmax_backward", "fused_topk_backward"):
-        torch.library.register_autograd(
-            f"softmax_ops::{op}", _no_double_backward(op), setup_context=_nothing_to_save
-        )
+    torch.library.register_autograd(
+        "softmax_ops::softmax_backward", _softmax_backward_backward, setup_context=_backward_setup
+    )
+    torch.library.register_autograd(
+        "softmax_ops::log_softmax_backward", _log_softmax_backward_backward, setup_context=_backward_setup
+    )
+    torch.library.register_autograd(
+        "softmax_ops::fused_topk_backward", _no_double_backward("fused_topk_backward"),
+        setup_context=_nothing_to_save
+    )
