@@ -2,8 +2,9 @@
 go out in lane pairs: softmax_kernel_common.cuh, store_pack_where), for compute-sanitizer, and checks each result.
 
 Rows of an odd number of 16-byte packs (a lane pair's last pack has no partner), rows that break packs (peeled),
-short rows the warp kernel gives 1, 2 or 4 lanes (rows of one lane store without pairs), and the automatic plans
-of group shapes (cluster and grid groups caching 4 register packs).
+and the automatic plans of group shapes (cluster and grid groups caching 4 register packs). For the warp kernel
+(forced; plans as explain gives them for float16 -> float32): 1 lane per row (8 and 24 columns: no pairs), 2 lanes
+(40 and 56: 5 and 7 packs), 4 lanes (72), 8 lanes peeled (75), 32 lanes x 2 packs (296) and x 8 packs (1608).
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck python3 benchmarks/sanitize_widening.py
 A forced kernel that cannot handle a shape raises; those combinations are skipped and counted.
@@ -16,7 +17,7 @@ from sanitize_subset import run_family  # this directory is the script's: on sys
 
 import softmax_ops
 
-SHAPES = [(67, 8), (33, 8 * 3), (65, 8 * 9), (3, 8 * 37), (5, 8 * 1001), (2, 8 * 4097), (37, 8 * 2049 + 3), (2, 8 * 40001), (1, 300007)]
+SHAPES = [(67, 8), (33, 8 * 3), (33, 8 * 5), (33, 8 * 7), (65, 8 * 9), (33, 8 * 9 + 3), (3, 8 * 37), (3, 8 * 201), (5, 8 * 1001), (2, 8 * 4097), (37, 8 * 2049 + 3), (2, 8 * 40001), (1, 300007)]
 AUTOMATIC_SHAPES = [(1056, 8 * 2049), (64, 8 * 4749), (9, 8 * 32769)]
 DTYPES = [torch.float16, torch.bfloat16]
 

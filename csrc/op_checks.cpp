@@ -1,5 +1,6 @@
 #include "softmax_ops/op_checks.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/strides.h>
@@ -53,6 +54,9 @@ RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim) {
 at::Tensor restore_dim_order(const at::Tensor& dim_last_result, int64_t wrapped_dim) {
   const at::Tensor& t = dim_last_result;
   if (t.dim() == 0 || wrapped_dim == t.dim() - 1) return t;
+  // Below ADInplaceOrView: the copy's copy_ and the set_ below would each count as an in-place write of the
+  // result (version 1), where torch's results start at version 0.
+  const at::AutoDispatchBelowADInplaceOrView below_inplace_or_view;
   const at::Tensor moved = t.movedim(-1, wrapped_dim);
   if (!moved.is_contiguous()) return moved.contiguous();  // a copy, into at::empty's strides
   // The same memory order (the dims after wrapped_dim are all of size 1): only size-1 dims' strides differ.

@@ -298,7 +298,7 @@ class _GraphRewriter:
         if value_meta is None or total_meta is None or out_meta is None:
             return "renormalisation without tensor metadata"
         if total_meta.dtype != value_meta.dtype or out_meta.dtype != value_meta.dtype:
-            return f"renormalisation changes dtype {value_meta.dtype} -> {out_meta.dtype} (autocast)"
+            return f"renormalisation changes dtype {value_meta.dtype} -> {out_meta.dtype}"
         return None
 
     # ---- rewrites ------------------------------------------------------------------------------------

@@ -32,11 +32,12 @@ def _as_dtype(dtype: torch.dtype | type | None) -> torch.dtype | None:
     return _PYTHON_TYPE_DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
 
 
-def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
+def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None = None) -> torch.Tensor:
     """Softmax of ``x`` along ``dim``, with exactly ``torch.softmax``'s semantics.
 
     With ``dtype`` the input is cast to ``dtype`` first and the result has that dtype (float16/bfloat16
-    input with ``dtype=torch.float32`` is read directly, with no extra pass). Differentiable.
+    input with ``dtype=torch.float32`` is read directly, with no extra pass); Python's ``float`` means
+    ``torch.float64``, as in torch. Differentiable, twice.
 
     Example:
         >>> import torch, softmax_ops
@@ -48,8 +49,8 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) ->
     return torch.ops.softmax_ops.softmax.default(x, dim, _as_dtype(dtype))
 
 
-def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Log-softmax of ``x`` along ``dim``, with exactly ``torch.log_softmax``'s semantics. Differentiable.
+def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None = None) -> torch.Tensor:
+    """Log-softmax of ``x`` along ``dim``, with exactly ``torch.log_softmax``'s semantics. Differentiable, twice.
 
     Example:
         >>> import torch, softmax_ops
@@ -65,7 +66,7 @@ def fused_topk(
     k: int,
     dim: int = -1,
     renormalize: bool = False,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | type | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` largest softmax probabilities of ``x`` along ``dim`` and their indices, in one pass.
 

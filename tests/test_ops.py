@@ -275,9 +275,11 @@ def test_fused_topk_non_contiguous(device):
 
 
 # Results carry the strides torch gives its own (contiguous, size-1 dims included), the strides the fake kernels
-# promise: a non-last dim's result computed dim-last had kept dim-last strides on its size-1 dims ((6, 1, 1) for a
-# result of shape (4, 1, 1) where torch has (6, 6, 1)), which still counts as contiguous but is not torch's layout.
-SIZE_ONE_DIM_CASES = [((4, 1, 6), 1), ((2, 3, 1, 5), 2), ((3, 1), 0), ((2, 1, 1, 3), 1), ((5, 1, 2), 0)]
+# promise: a non-last dim's result computed dim-last had kept dim-last strides on its size-1 dims (shape (4, 1, 6)
+# over dim 1: (6, 1, 1) where torch has (6, 6, 1)), which still counts as contiguous but is not torch's layout.
+# Results start at version 0, as torch's (re-striding them must not count as an in-place write).
+SIZE_ONE_DIM_CASES = [((4, 1, 6), 1), ((2, 3, 1, 5), 2), ((3, 1), 0), ((2, 1, 1, 3), 1), ((5, 1, 2), 0),
+                      ((0, 1, 3), 1), ((3, 1, 0), 0)]
 
 
 def strides_of_result_and_gradient(fn, x: torch.Tensor, *args) -> tuple:
@@ -301,12 +303,14 @@ def test_results_have_torchs_strides_on_size_one_dims(shape, dim, transposed, de
         expected = strides_of_result_and_gradient(torch_fn, x, dim)
         assert strides_of_result_and_gradient(ours, x, dim) == expected
         assert ours(fake, dim).stride() == expected[0]
-    for k in sorted({1, x.shape[dim]}):
+        assert ours(x, dim)._version == torch_fn(x, dim)._version == 0
+    for k in sorted({k for k in (1, x.shape[dim]) if 1 <= k <= x.shape[dim]}):
         expected = strides_of_result_and_gradient(torch.topk, torch.softmax(x, dim), k, dim)
         assert strides_of_result_and_gradient(softmax_ops.fused_topk, x, k, dim) == expected
         values, indices = softmax_ops.fused_topk(x, k, dim)
         fake_values, fake_indices = softmax_ops.fused_topk(fake, k, dim)
         assert indices.stride() == fake_indices.stride() == fake_values.stride() == values.stride() == expected[0]
+        assert values._version == indices._version == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -29,9 +29,9 @@ RowLayout row_layout(const at::Tensor& contiguous, int64_t wrapped_dim);
 
 // A result computed with `wrapped_dim` moved last (a fresh tensor of at::empty's strides), back in the caller's
 // dim order with the strides torch gives its results: contiguous, size-1 dims included, as the fake kernels say.
-// movedim(...).contiguous() alone kept the dim-last strides of size-1 dims (e.g. (6, 1, 1) for shape (4, 1, 1)
-// where torch has (6, 6, 1)), since such a tensor already counts as contiguous. Copies only where the memory order
-// differs.
+// movedim(...).contiguous() alone kept the dim-last strides of size-1 dims (a result of shape (4, 1, 6) over dim 1
+// came back with strides (6, 1, 1) where torch has (6, 6, 1)), since such a tensor already counts as contiguous.
+// Copies only where the memory order differs.
 at::Tensor restore_dim_order(const at::Tensor& dim_last_result, int64_t wrapped_dim);
 
 // The dtype of softmax(self, dim, dtype): dtype if given, else self's dtype (checked floating). It also
