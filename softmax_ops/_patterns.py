@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
+from softmax_ops.ops import as_dtype
+
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 _SOFTMAX_PARAMS = ("input", "dim", "dtype")
@@ -165,7 +167,7 @@ def parse_softmax(node: Node) -> SoftmaxCall | None:
         raise Unreadable(f"{kind} with dim=None (implicit dim, deprecated in torch)")
     if type(dim) is not int:
         raise Unreadable(f"{kind} with dim={dim!r} (not a static int)")
-    dtype = bound.get("dtype")
+    dtype = as_dtype(bound.get("dtype"))  # Python's float is float64 here too
     if dtype is not None and not isinstance(dtype, torch.dtype):
         raise Unreadable(f"{kind} with dtype={dtype!r} (not a static dtype)")
     return SoftmaxCall(node, kind, bound["input"], dim, dtype)

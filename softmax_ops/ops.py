@@ -28,7 +28,8 @@ def _refuse_untracked_derivatives(op: str, x: torch.Tensor) -> None:
 _PYTHON_TYPE_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}
 
 
-def _as_dtype(dtype: torch.dtype | type | None) -> torch.dtype | None:
+def as_dtype(dtype: torch.dtype | type | None) -> torch.dtype | None:
+    """``dtype`` as a torch.dtype where it is one of Python's scalar types (float -> torch.float64)."""
     return _PYTHON_TYPE_DTYPES.get(dtype, dtype) if isinstance(dtype, type) else dtype
 
 
@@ -46,7 +47,7 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None = N
         tensor([[0.0900, 0.2447, 0.6652]])
     """
     _refuse_untracked_derivatives("softmax", x)
-    return torch.ops.softmax_ops.softmax.default(x, dim, _as_dtype(dtype))
+    return torch.ops.softmax_ops.softmax.default(x, dim, as_dtype(dtype))
 
 
 def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None = None) -> torch.Tensor:
@@ -58,7 +59,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None
         tensor([-0.6931, -0.6931])
     """
     _refuse_untracked_derivatives("log_softmax", x)
-    return torch.ops.softmax_ops.log_softmax.default(x, dim, _as_dtype(dtype))
+    return torch.ops.softmax_ops.log_softmax.default(x, dim, as_dtype(dtype))
 
 
 def fused_topk(
@@ -90,4 +91,4 @@ def fused_topk(
         tensor([[0.7311, 0.2689]])
     """
     _refuse_untracked_derivatives("fused_topk", x)
-    return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, _as_dtype(dtype))
+    return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, as_dtype(dtype))

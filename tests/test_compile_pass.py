@@ -111,6 +111,7 @@ def test_graph_softmax_call_forms():
             x.softmax(dim=0, dtype=torch.bfloat16),
             torch.special.softmax(x, 1),
             torch.ops.aten.softmax.int(x, 1),
+            torch.softmax(x, 0, dtype=float),  # Python's float: float64, as torch reads it
         )
 
     assert_expected_inline(
@@ -124,7 +125,8 @@ softmax_default_3 = softmax_ops.softmax.default(l_x_, -1, None)
 softmax_default_4 = softmax_ops.softmax.default(l_x_, 0, torch.bfloat16)
 softmax_default_5 = softmax_ops.softmax.default(l_x_, 1, None)
 softmax_default_6 = softmax_ops.softmax.default(l_x_, 1, None)
-return (softmax_default, softmax_default_1, softmax_default_2, softmax_default_3, softmax_default_4, softmax_default_5, softmax_default_6)""",
+softmax_default_7 = softmax_ops.softmax.default(l_x_, 0, torch.float64)
+return (softmax_default, softmax_default_1, softmax_default_2, softmax_default_3, softmax_default_4, softmax_default_5, softmax_default_6, softmax_default_7)""",
     )
 
 
