@@ -753,12 +753,8 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
         Pack<Out, VEC> result;
         if constexpr (kPairStores) {  // a forward: one stream, its 16-bit inputs swapped
           static_assert(S == 1, "lane pairs for float32 results of 16-bit inputs: forwards only");
-          const PackIn in = arrange(pack_of_stream(0));
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const C v[1] = {cached_element<C>(in, j)};
-            result.v[j] = op.apply(row_consts, v);
-          }
+          const PackIn in[1][1] = {{arrange(pack_of_stream(0))}};
+          visit_elements<C>(in, 0, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
         } else {
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {

@@ -212,11 +212,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
         for (int p = 0; p < PACKS; ++p) {
           const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
           Pack<Out, VEC> result;
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const C v[1] = {cached_element<C>(cache[0][p], j)};
-            result.v[j] = op.apply(row_consts, v);
-          }
+          visit_elements<C>(cache, p, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
           store_swapped_lane_pair<VEC>(args.out + row_offset + k * VEC, result, row_valid && k < n_packs);
         }
         continue;
