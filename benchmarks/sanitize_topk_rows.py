@@ -1,6 +1,7 @@
 """compute-sanitizer target for the fused_topk rows kernel, forced on small awkward shapes: vector and
 misaligned (scalar) loads, every K instance, renormalize on/off, partial CTAs, and rows of equal values (float32's
-exact-word fallback); and on many rows (few threads per row, 16-32 values per thread).
+exact-word fallback); and on many rows (few threads per row, 16-32 values per thread, and 16-bit rows in
+batches).
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_topk_rows.py
 """
@@ -32,5 +33,16 @@ with softmax_ops.force_kernel("topk", "rows"):
                     x[:, : n // 2] = 1.5  # equal values: float32 takes the exact-word fallback
                     softmax_ops.fused_topk(x, k, -1, k % 2 == 0)
                     runs += 2
+    # Batched instances: many 16-bit rows (the dispatcher's own plan, half the threads that hold a row, each in
+    # batches of 32 values), a partial last batch (264), NaN / +inf rows (the reload of every batch).
+    for dtype in (torch.float16, torch.bfloat16):
+        for rows, n in ((25400, 256), (12700, 264), (12700, 512)):
+            for k in (3, 8):
+                x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
+                softmax_ops.fused_topk(x, k, -1, False)
+                x[7, 5] = float("nan")
+                x[rows - 1, n - 1] = float("inf")
+                softmax_ops.fused_topk(x, k, -1, True)
+                runs += 2
 torch.cuda.synchronize()
 print(f"rows kernel: {runs} runs")

@@ -7,7 +7,7 @@ that holds the row (T x 32 >= N) ("T<t>", the pointer's load layout), each check
 ``!`` marks a wrong result. (Session 10 also swept scalar loads, "S<t>", with an override the patch no longer
 has.) One GPU call::
 
-    python3 benchmarks/sweep_topk_rows_threads.py 16384x8k2,4096x60k4 $OUT/sweep.json
+    python3 benchmarks/sweep_topk_rows_threads.py 16384x8k2,4096x60k4 $OUT/sweep.json [fp16,bf16]
 """
 
 from __future__ import annotations
@@ -42,12 +42,16 @@ def main() -> None:
         rows, n = (int(v) for v in shape.split("x"))
         k = int(k_text)
         for dtype_name, dtype in dtypes.items():
+            if len(sys.argv) > 3 and dtype_name not in sys.argv[3].split(","):
+                continue
             torch.manual_seed(0)
             x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
             reference = torch.topk(torch.softmax(x.double(), -1), k, -1).values
             set_variant("auto")
             auto = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
-            variants = ["auto"] + [f"T{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n]
+            # 16-bit rows in whole 16-byte vectors with k > 2 also run on fewer threads, in batches.
+            batches_fit = dtype != torch.float32 and k > 2 and n <= 512 and n % 8 == 0
+            variants = ["auto"] + [f"T{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n or (batches_fit and t * 32 * 8 >= n)]
             times: dict[str, list[float]] = {v: [] for v in variants}
             ok: dict[str, bool] = {}
 

@@ -675,12 +675,12 @@ MANY_ROWS_CASES = [
 ]
 
 
-def many_rows_with_hard_cases(n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
-    """MANY_ROWS random rows (N(0, 9)) with hard cases in front: every value equal, ascending values (the top
+def many_rows_with_hard_cases(n: int, dtype: torch.dtype, seed: int, rows: int = MANY_ROWS) -> torch.Tensor:
+    """`rows` random rows (N(0, 9)) with hard cases in front: every value equal, ascending values (the top
     k in one thread's registers), repeated maxima, a tie at the top of a thread, and -0 / +0; then every
     SPECIAL_ROWS kind."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.randn(MANY_ROWS, n, generator=generator, dtype=torch.float64) * 3
+    x = torch.randn(rows, n, generator=generator, dtype=torch.float64) * 3
     x[0] = 1.0
     x[1] = torch.arange(n, dtype=torch.float64) / n
     x[2, ::3] = 5.0
@@ -705,6 +705,36 @@ def test_rows_kernel_on_many_rows(n, k, dtype):
         check_reference_order(data, k, "rows", renormalize)
         with softmax_ops.force_kernel("topk", "rows"):
             check_topk(data[special:], k, -1, renormalize)
+
+
+# 16-bit rows of whole 16-byte vectors with k > 2 on many rows run in batches (topk_dispatch.cpp, rows_batch_*):
+# half the threads that hold a row, each walking its share in batches of 32 values. Lengths whose last batch is
+# whole (256, 512), one vector of one thread (136, 264) or partial (200, 384, 504); both batched K instances (4, 8).
+BATCHED_ROWS_CASES = [(136, 3), (136, 8), (200, 6), (256, 8), (264, 4), (384, 8), (504, 5), (512, 8)]
+
+
+def rows_in_batches(n: int) -> int:
+    """Enough rows for the dispatcher to run rows of n in batches on this GPU (24 warps per SM at half the
+    threads that hold a row)."""
+    half = max(1, (1 << (-(-n // 32) - 1).bit_length()) // 2)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return -(-24 * sms * 32 // half) + 64  # + 64: the rows past the hard and special ones still qualify
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k", BATCHED_ROWS_CASES)
+def test_rows_kernel_in_batches(n, k, dtype):
+    """The rows kernel's batched instances (the dispatcher's own plan, checked through explain): the same indices
+    as the float64 reference on hard and special rows, values within 2x torch's error; a misaligned view of the
+    same rows falls back to scalar loads on the threads that hold the row."""
+    rows = rows_in_batches(n)
+    assert "batches of 32 values" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+    x = many_rows_with_hard_cases(n, dtype, seed=n * 10 + k, rows=rows).cuda()
+    special = 5 + len(SPECIAL_ROWS)
+    for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
+        check_reference_order(data, k, "rows", renormalize)
+        check_topk(data[special:], k, -1, renormalize)
 
 
 @requires_cuda

@@ -260,6 +260,27 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     assert shape[0] * ctas_per_row <= 2 * SM_COUNT
 
 
+@pytest.mark.parametrize("shape,k,dtype,threads", [
+    ((65536, 256), 8, torch.float16, 4),     # 35.1 -> 33.4 us in two batches
+    ((16384, 512), 8, torch.bfloat16, 8),    # 22.3 -> 20.1
+    ((16384, 384), 8, torch.float16, 8),     # 18.5 -> 17.1
+    ((65536, 512), 4, torch.float16, 8),     # the K = 4 instances: 48.2 -> 46.6
+    ((16384, 256), 8, torch.float16, 8),     # 15.5 warps per SM at 4 threads: 13.8 -> 15.1 in batches
+    ((65536, 128), 8, torch.float16, 4),     # 4 threads hold the row: 21.9 -> 24.0 at 2
+    ((65536, 256), 2, torch.float16, 8),     # k <= 2: no batched instances
+    ((65536, 256), 8, torch.float32, 8),     # float32: none either
+    ((65536, 260), 8, torch.float16, 16),    # rows of 520 bytes: scalar loads, no batches
+])
+def test_many_16_bit_router_rows_run_on_half_the_threads_in_batches(shape, k, dtype, threads):
+    """csrc/topk/topk_dispatch.cpp, rows_batch_min_threads / rows_batch_min_warps_per_sm: 16-bit rows of whole
+    16-byte vectors with k > 2, where 8 or more threads hold a row and half of them still give 24 warps per SM,
+    run on half the threads, each in batches of 32 values (H100, session 29 call 1)."""
+    text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert f"kernel 'rows' ({threads} threads per row" in text, text
+    batched = shape[1] > threads * 32
+    assert ("batches of 32 values" in text) == batched and ("one merge step fewer" in text) == batched, text
+
+
 @pytest.mark.parametrize("shape,k,dtype,peeled", [
     ((1024, 50257), 50, torch.float16, True),   # 74.0 -> 58.7 us
     ((1024, 50257), 50, torch.float32, True),   # 93.8 -> 91.1

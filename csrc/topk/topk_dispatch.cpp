@@ -54,6 +54,18 @@ struct TopkHeuristics {
   // process, 3 interleaved rounds, *session11-c4-rows-sweep*): 16384x128 k8 at 8 threads vs 4: fp16 10.32
   // vs 10.37 us, bf16 10.88 vs 11.14, fp32 16.58 vs 17.44; 65536x256 (4 waves at 16 threads) stays at 8.
   int64_t rows_one_wave_warps_per_sm = 32;
+  // ... and 16-bit rows read in 16-byte vectors with k > 2 (rows_batches_fit) run on half the threads that hold
+  // the row, each walking its share in two batches of 32 values, where the fewest threads that hold it are at
+  // least rows_batch_min_threads and the halved grid still has rows_batch_min_warps_per_sm warps per SM: one
+  // merge step fewer across threads for each row, at the price of a longer chain per thread. H100, 2026-11-24
+  // (session 29 call 1, one process, 3 interleaved rounds, fp16 / bf16, us, *session29-c1-sweep*):
+  //   65536x256 k8  T8 35.1 / 34.4 -> T4 in batches 33.4 / 33.0;   16384x512 k8 T16 22.2 / 22.3 -> T8 20.6 / 20.1
+  //   16384x384 k8  T16 18.5 / 18.6 -> T8 17.1 / 17.2;            65536x512 k4 T16 48.2 / 49.7 -> T8 46.6 / 46.1
+  // but slower where the halved grid is small or the row short: 16384x256 k8 T8 13.8 / 14.3 -> T4 15.1 / 14.6
+  // (15.5 warps per SM), 65536x128 k8 T4 21.9 / 22.9 -> T2 24.0 / 23.3 (fewest threads 4). 16384x160 k6 (15.5
+  // warps per SM at T4) measured 12.8 / 12.9 -> 11.9 / 12.1 in batches but stays at 8 threads by this rule.
+  int64_t rows_batch_min_threads = 8;
+  int64_t rows_batch_min_warps_per_sm = 24;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
@@ -148,8 +160,14 @@ bool rows_fits(int64_t n, int64_t k, DType dtype) {
 // lost at 512 (16384x512 k8: 36.0 vs 32.4); 16-bit rows won everywhere up to 512.
 int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuristics.rows_auto_max_n_fp32 : kRowsMaxN; }
 
-int rows_threads(int64_t rows, int64_t n, DType dtype, const TopkDeviceProps& props) {
+int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
+  // Many rows that take batches: half the threads (the launcher falls back to `threads` for a misaligned pointer).
+  const bool vector_rows = (n * dtype_bytes(dtype)) % 16 == 0;
+  if (rows_batches_fit(dtype, k, vector_rows) && threads >= kHeuristics.rows_batch_min_threads &&
+      rows * (threads / 2) >= kHeuristics.rows_batch_min_warps_per_sm * props.sm_count * 32) {
+    return static_cast<int>(threads / 2);
+  }
   // Values a thread must keep after a doubling: a whole 16-byte vector, or a few scalars when the rows cannot
   // take vector loads (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the plan
   // does not see: a misaligned view of vector-sized rows keeps the vector rule).
@@ -262,7 +280,7 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.workspace_bytes = radix_workspace_bytes(rows, n, plan.splits);
       break;
     case TopkKernel::kRows:
-      plan.lanes_per_row = rows_threads(rows, n, dtype, props);
+      plan.lanes_per_row = rows_threads(rows, n, k, dtype, props);
       break;
   }
   return plan;
@@ -344,10 +362,15 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
   const bool peel = !whole_vectors && plan_peels_length(plan, n);
   out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
-    case TopkKernel::kRows:
-      out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " thread" : " threads") << " per row, top-"
-          << next_pow2(k) << " lists in registers)";
+    case TopkKernel::kRows: {
+      out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " thread" : " threads") << " per row";
+      const int64_t span = static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread;
+      // The launcher's fallback for rows that cannot take batches (rows_batches_fit) applies to misaligned
+      // pointers only: a contiguous tensor's rows of whole vectors are aligned.
+      if (n > span) out << ", each walking its share in " << ceil_div(n, span) << " batches of " << kRowsSlotsPerThread << " values";
+      out << ", top-" << next_pow2(k) << " lists in registers)";
       break;
+    }
     case TopkKernel::kWarp:
       out << " (" << plan.lanes_per_row << (plan.lanes_per_row == 1 ? " lane" : " lanes") << " per row, "
           << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
@@ -451,8 +474,13 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
   if (rows_fits(n, k, dtype) && n <= rows_auto_max_n(dtype)) {
     reason << "N=" << n << " <= " << rows_auto_max_n(dtype) << " and k=" << k << " <= " << kRowsMaxK
            << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
+    const TopkPlan plan = plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
+    if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
+      reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "
+                "merge step fewer per row)";
+    }
     if (why != nullptr) *why = reason.str();
-    return plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
+    return plan;
   }
   TopkKernel kernel;
   if (n <= warp_max_n(dtype) && k <= kHeuristics.warp_max_k) {

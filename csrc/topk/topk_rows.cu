@@ -1,7 +1,8 @@
 // fused_topk "rows" kernel: router rows of N <= 512 with k <= 8, float16/bfloat16/float32. T threads share
 // one row (T = 1..16, a power of two; 16 / T rows per half-warp), each holding up to 32 of its values in
 // registers (16-byte loads: 64-128 bytes in flight per thread). No shared memory, no barriers; shuffles only
-// between the T threads of a row (log2 T merge steps).
+// between the T threads of a row (log2 T merge steps). Batched instances (16-bit rows in 16-byte vectors, K >= 4):
+// rows longer than T x 32, each thread walking its share in batches of T x 32 columns (select_row_batched).
 //
 // Values of one row (T threads, V elements per 16-byte vector, slot s of thread t):
 //   vector loads (x 16-byte aligned, n % V == 0): slot p*V + j holds column ((p*T) + t)*V + j
@@ -42,8 +43,10 @@ constexpr int kGroup = 8;                    // slots per accuracy group of the 
 //                  instances took 70 registers and 7 CTAs per SM, and ran slower on an H100 than with 64)
 //   16-bit, K = 4: 10 (<= 48); K <= 2: 12 (<= 40)
 //   float32, vector loads: 8 (<= 64; 72-78 at 4); scalar loads: 4 (at 8 they spill 400-500 bytes)
-template <typename TIn, int K, bool kVector>
-constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? (K >= 8 ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
+//   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes)
+template <typename TIn, int K, bool kVector, bool kBatched = false>
+constexpr int kRowsMinBlocks =
+    sizeof(TIn) == 2 ? (K >= 8 || kBatched ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
@@ -249,12 +252,17 @@ struct RowSlots {
   int t;       // thread in the row
   int T;       // threads per row
   int used;    // slots any thread of the launch holds, rounded up to kGroup (launch-uniform)
+  int first;   // the row's column of this span's column 0 (a batch of a batched row; else 0)
   uint32_t raw[kRegs];
 
-  __device__ __forceinline__ RowSlots(int n, int t_, int T_) : t(t_), T(T_), used(rows_used_slots(n, T_, V, kVector)) {}
+  // n: the span's length (the row, or one batch of it).
+  __device__ __forceinline__ RowSlots(int n, int t_, int T_, int first_ = 0)
+      : t(t_), T(T_), used(rows_used_slots(n, T_, V, kVector)), first(first_) {}
   __device__ __forceinline__ bool group_used(int g) const { return g * kGroup < used; }
   // The layout is a template parameter: a run-time choice cost a select per value in the key's column.
-  __device__ __forceinline__ int column(int s) const { return kVector ? ((s / V) * T + t) * V + s % V : s * T + t; }
+  __device__ __forceinline__ int column(int s) const {
+    return first + (kVector ? ((s / V) * T + t) * V + s % V : s * T + t);
+  }
 
   // Loads the row (active == false: every slot -inf).
   __device__ __forceinline__ void load(const TIn* row, int n, bool active) {
@@ -327,18 +335,21 @@ struct RowSlots {
   }
 };
 
-// The row's top-K words, sorted, in every thread of the row. kSums: also the thread's sum of exp(x - shift)
-// (groups of 8 terms summed on their own first).
-template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector, int kCapacity>
-__device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacity>& at, float shift, float* sum,
-                                           typename Wd::W (&list)[K]) {
+// Adds the thread's slots to its sorted top-K word list. kFresh: the list is empty (its first chunk becomes
+// the list). sum != nullptr: *sum = the slots' sum of exp(x - shift) (groups of 8 terms summed on their own
+// first).
+template <int K, bool kNanAware, typename Wd, bool kFresh, typename TIn, bool kVector, int kCapacity>
+__device__ __forceinline__ void add_slots(const RowSlots<TIn, kVector, kCapacity>& at, float shift, float* sum,
+                                          typename Wd::W (&list)[K]) {
   using W = typename Wd::W;
   // 16-bit fast words from the raw registers, two keys at a time.
   constexpr bool kPairKeys = kIs16<TIn> && !kNanAware && std::is_same_v<Wd, Words<TIn>>;
-  // Also keeps list defined for the compiler, which cannot see that group 0 is always used (without it the
-  // SASS changed, session 8).
+  if constexpr (kFresh) {
+    // Also keeps list defined for the compiler, which cannot see that group 0 is always used (without it the
+    // SASS changed, session 8).
 #pragma unroll
-  for (int i = 0; i < K; ++i) list[i] = W(0);
+    for (int i = 0; i < K; ++i) list[i] = W(0);
+  }
   float total = 0.0f;
 #pragma unroll
   for (int g = 0; g < kCapacity / kGroup; ++g) {
@@ -359,7 +370,7 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacit
         }
       }
       sort_desc(chunk);
-      if (g == 0 && c == 0) {  // the first chunk is the list: no merge with an empty one
+      if (kFresh && g == 0 && c == 0) {  // the first chunk is the list: no merge with an empty one
 #pragma unroll
         for (int i = 0; i < K; ++i) list[i] = chunk[i];
       } else {
@@ -369,12 +380,26 @@ __device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacit
     total += group_sum;
   }
   if (sum != nullptr) *sum = total;
-  for (int offset = 1; offset < at.T; offset *= 2) {
+}
+
+// Every thread of the row gets the row's top-K list from the T threads' lists.
+template <int K, typename W>
+__device__ __forceinline__ void merge_row_lists(W (&list)[K], int T) {
+  for (int offset = 1; offset < T; offset *= 2) {
     W other[K];
 #pragma unroll
     for (int i = 0; i < K; ++i) other[i] = __shfl_xor_sync(kFullMask, list[i], offset);
     keep_best(list, other);
   }
+}
+
+// The row's top-K words, sorted, in every thread of the row; sum != nullptr: also the thread's sum of
+// exp(x - shift).
+template <int K, bool kNanAware, typename Wd, typename TIn, bool kVector, int kCapacity>
+__device__ __forceinline__ void select_row(const RowSlots<TIn, kVector, kCapacity>& at, float shift, float* sum,
+                                           typename Wd::W (&list)[K]) {
+  add_slots<K, kNanAware, Wd, true>(at, shift, sum, list);
+  merge_row_lists(list, at.T);
 }
 
 // float32's fast words chose exactly what the exact words would when the k chosen have distinct truncated
@@ -424,19 +449,118 @@ __device__ __forceinline__ float word_value(typename Wd::W w, int) {
   return Wd::value(w);
 }
 
+// Rows longer than the T threads' slots (16-bit inputs, 16-byte layout): each thread walks its share of the row
+// in batches of T x kSlots columns, each laid out like a whole row of that length, with a running (max, sum)
+// (the sum rescaled when a batch raises the max) and one top-K list; then the T threads' (max, sum) and lists are
+// merged. Fewer threads per row than a row of N / kSlots threads need fewer merges across them: each is K
+// shuffles and a merge network, where a thread adds 8 more values with one merge network and one sort of 8.
+// Returns the row's (max, sum); list: the row's top-K words in every thread of the row.
+template <int K, typename TIn>
+__device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int n, bool active, int t, int T,
+                                                              typename Words<TIn>::W (&list)[K]) {
+  using Wd = Words<TIn>;
+  const int span = T * kSlots;
+  RowStats<float> stats = empty_stats<float>();
+  // The first batch starts the list; a batch's terms are shifted by the running max including the batch.
+  const auto add_batch = [&](int first, auto fresh) {
+    RowSlots<TIn, true> at(min(span, n - first), t, T, first);
+    at.load(xr + first, min(span, n - first), active);
+    raise_max(stats, at.max_value());  // NaN dropped, as by fmaxf
+    float part;
+    add_slots<K, false, Wd, decltype(fresh)::value>(at, term_shift(stats), &part, list);
+    stats.sum += part;
+  };
+  add_batch(0, std::true_type{});
+#pragma unroll 1
+  for (int first = span; first < n; first += span) add_batch(first, std::false_type{});
+  // The same operands in every thread of the row at every step (a + b == b + a): every thread gets the same
+  // (max, sum).
+  for (int offset = 1; offset < T; offset *= 2) {
+    const RowStats<float> other{__shfl_xor_sync(kFullMask, stats.max, offset),
+                                __shfl_xor_sync(kFullMask, stats.sum, offset)};
+    stats = merge_stats(stats, other);
+  }
+  merge_row_lists(list, T);
+  // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
+  if (__any_sync(kFullMask, stats.sum != stats.sum)) {
+    const auto reselect_batch = [&](int first, auto fresh) {
+      RowSlots<TIn, true> at(min(span, n - first), t, T, first);
+      at.load(xr + first, min(span, n - first), active);
+      add_slots<K, true, Wd, decltype(fresh)::value>(at, 0.0f, nullptr, list);
+    };
+    reselect_batch(0, std::true_type{});
+#pragma unroll 1
+    for (int first = span; first < n; first += span) reselect_batch(first, std::false_type{});
+    merge_row_lists(list, T);
+  }
+  return stats;
+}
+
+// The row's probabilities from its (max m, sum) and this thread's ranks (take_ranks), written out.
+template <int K, typename TOut>
+__device__ __forceinline__ void write_row(float m, float sum, const float (&v)[K], const int (&col)[K], int t, int T,
+                                          int k, int64_t row, bool active, TOut* __restrict__ values,
+                                          int64_t* __restrict__ indices, bool renormalize) {
+  const float divisor = probability_divisor(RowStats<float>{m, sum});
+
+  // The probabilities accurately (expf, IEEE division).
+  float p[K];
+  float partial = 0.0f;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    p[j] = 0.0f;
+    if (j * T < K && t + j * T < k) {
+      p[j] = exp_precise(v[j] - m) / divisor;
+      partial += p[j];
+    }
+  }
+  TOut* vr = values + (active ? row : 0) * k;
+  int64_t* ir = indices + (active ? row : 0) * k;
+  float total = 1.0f;
+  if (renormalize) {  // kernel-uniform: every thread shuffles
+    total = partial;
+    for (int offset = 1; offset < T; offset *= 2) total += __shfl_xor_sync(kFullMask, total, offset);
+  }
+  if (!active) return;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    const int r = t + j * T;
+    if (j * T < K && r < k) {
+      vr[r] = detail::convert<TOut>(renormalize ? p[j] / total : p[j]);
+      ir[r] = col[j];
+    }
+  }
+}
+
 // kExactFloat (float32 inputs whose threads hold at most kGroup values each): the exact 64-bit words at once.
 // A separate instance: in the same kernel their registers raised every float32 instance to 96 (ptxas).
-template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat>
-__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector>)
+// kBatched: 16-bit rows of more than T x kSlots values (select_row_batched).
+template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat, bool kBatched = false>
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, kBatched>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
+  static_assert(!kBatched || (kIs16<TIn> && kVector), "batched rows: 16-bit inputs in 16-byte vectors");
   const int t = threadIdx.x & (T - 1);
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kRowsThreads + threadIdx.x) / T;
   // Rows past the end still run (with no data): every thread takes part in the shuffles.
   const bool active = row < rows;
   const TIn* xr = x + (active ? row : 0) * static_cast<int64_t>(n);
 
+  if constexpr (kBatched) {
+    typename Words<TIn>::W list[K];
+    const RowStats<float> stats = select_row_batched<K>(xr, n, active, t, T, list);
+    float v[K];
+    int col[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      v[j] = 0.0f;
+      col[j] = 0;
+    }
+    take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
+    write_row<K>(stats.max, stats.sum, v, col, t, T, k, row, active, values, indices, renormalize);
+    return;
+  }
   RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
   at.load(xr, n, active);
 
@@ -490,35 +614,7 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector>)
       take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
     }
   }
-  const float divisor = probability_divisor(RowStats<float>{m, sum});
-
-  // The probabilities accurately (expf, IEEE division).
-  float p[K];
-  float partial = 0.0f;
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    p[j] = 0.0f;
-    if (j * T < K && t + j * T < k) {
-      p[j] = exp_precise(v[j] - m) / divisor;
-      partial += p[j];
-    }
-  }
-  TOut* vr = values + (active ? row : 0) * k;
-  int64_t* ir = indices + (active ? row : 0) * k;
-  float total = 1.0f;
-  if (renormalize) {  // kernel-uniform: every thread shuffles
-    total = partial;
-    for (int offset = 1; offset < T; offset *= 2) total += __shfl_xor_sync(kFullMask, total, offset);
-  }
-  if (!active) return;
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    const int r = t + j * T;
-    if (j * T < K && r < k) {
-      vr[r] = detail::convert<TOut>(renormalize ? p[j] / total : p[j]);
-      ir[r] = col[j];
-    }
-  }
+  write_row<K>(m, sum, v, col, t, T, k, row, active, values, indices, renormalize);
 }
 
 }  // namespace
@@ -531,11 +627,17 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
     if constexpr (std::is_same_v<TIn, double>) {
       return cudaErrorInvalidValue;
     } else {
-      const int T = plan.lanes_per_row;
-      if (problem.n > static_cast<int64_t>(T) * kSlots || problem.k > kRowsMaxK || T < 1 || T > 16 ||
-          (T & (T - 1)) != 0) {
+      int T = plan.lanes_per_row;
+      if (problem.n > kRowsMaxN || problem.k > kRowsMaxK || T < 1 || T > 16 || (T & (T - 1)) != 0) {
         return cudaErrorInvalidValue;
       }
+      // A plan in batches for rows that cannot take them (the pointer is not 16-byte aligned, so the rows are
+      // read in scalars): the fewest threads that hold the row instead.
+      if (problem.n > static_cast<int64_t>(T) * kSlots &&
+          !rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
+        T = static_cast<int>(next_pow2((problem.n + kSlots - 1) / kSlots));
+      }
+      const bool batched = problem.n > static_cast<int64_t>(T) * kSlots;
       const int K = static_cast<int>(next_pow2(problem.k));
       return dispatch_int<1, 2, 4, 8>(K, [&](auto k_tag) {
         constexpr int kK = decltype(k_tag)::value;
@@ -544,10 +646,14 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
         constexpr bool kHasExact = std::is_same_v<TIn, float>;
         const int used = rows_used_slots(static_cast<int>(problem.n), T, detail::kVec16<TIn>, plan.vector_loads);
         const bool exact = kHasExact && used <= kGroup;
-        const auto kernel = plan.vector_loads ? (exact ? topk_rows_kernel<TIn, TOut, kK, true, kHasExact>
-                                                       : topk_rows_kernel<TIn, TOut, kK, true, false>)
-                                              : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
-                                                       : topk_rows_kernel<TIn, TOut, kK, false, false>);
+        auto kernel = plan.vector_loads ? (exact ? topk_rows_kernel<TIn, TOut, kK, true, kHasExact>
+                                                 : topk_rows_kernel<TIn, TOut, kK, true, false>)
+                                        : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
+                                                 : topk_rows_kernel<TIn, TOut, kK, false, false>);
+        // Batched instances only where rows_batches_fit (checked above): 16-bit vector rows, K >= 4.
+        if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
+          if (batched) kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
+        }
         const int64_t rows_per_block = kRowsThreads / T;
         const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
         kernel<<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
