@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="comma-separated ROWSxNkK (default: PERF.md's fused_topk list, e.g. 65536x256k8)")
     parser.add_argument("--dtypes", default="fp16,bf16,fp32", help="comma-separated: fp16, bf16, fp32")
     parser.add_argument("--kernels", default=None,
-                        help="comma-separated forced kernels (default: every name in list_kernels('topk'))")
+                        help="comma-separated forced kernels (default: every name in list_kernels('topk'); "
+                        "none: the automatic choice only)")
     parser.add_argument("--time-budget", type=float, default=420.0, metavar="SECONDS",
                         help="start no new case after this many seconds from the start, build included "
                         "(default 420: the call stays under 8 minutes)")
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cuda")
     timer = make_timer(device)
     kernels = args.kernels.split(",") if args.kernels else softmax_ops.list_kernels("topk")
+    kernels = [] if kernels == ["none"] else kernels
     cases = parse_shapes(args.cases) if args.cases else TOPK_CASES
     dtypes = parse_dtypes(args.dtypes)
     header = {"gpu": torch.cuda.get_device_name(device), "torch": torch.__version__, "timer": timer.description,
