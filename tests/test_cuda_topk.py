@@ -863,11 +863,12 @@ def test_list_kernels_and_explain():
     # rows of whole 16-byte vectors keep a vector per thread; others (scalar loads) spread over more threads
     assert "(8 threads per row" in softmax_ops.explain((4096, 64), torch.float16, op="fused_topk", k=4)
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)
-    # 32 values per thread at 4 threads, and 8 threads still fit one wave: 8 (on a 132-SM GPU; explain
-    # without a GPU assumes an H100)
+    # 32 values per thread at 4 threads, and 8 threads still fit one wave: 8; 65536 rows of 256 fill the GPU at
+    # half the 8 threads that hold a row, in batches (on a 132-SM GPU; explain without a GPU assumes an H100)
     if "132 SMs" in softmax_ops.explain((1, 8), torch.float16, op="fused_topk", k=1):
         assert "(8 threads per row" in softmax_ops.explain((16384, 128), torch.float16, op="fused_topk", k=8)
-        assert "(8 threads per row" in softmax_ops.explain((65536, 256), torch.float16, op="fused_topk", k=8)
+        text = softmax_ops.explain((65536, 256), torch.float16, op="fused_topk", k=8)
+        assert "(4 threads per row, each walking its share in 2 batches" in text, text
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)
     assert "kernel 'warp'" in text
     assert "kernel 'warp'" in softmax_ops.explain((16384, 64), torch.float64, op="fused_topk", k=4)
