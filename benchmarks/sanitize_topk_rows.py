@@ -35,8 +35,11 @@ with softmax_ops.force_kernel("topk", "rows"):
                     runs += 2
     # Batched instances: many 16-bit rows (the dispatcher's own plan, half the threads that hold a row, each in
     # batches of 32 values), a partial last batch (264), NaN / +inf rows (the reload of every batch).
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for dtype in (torch.float16, torch.bfloat16):
-        for rows, n in ((25400, 256), (12700, 264), (12700, 512)):
+        # rows: 24 warps per SM at half the threads that hold a row (4 for 256 columns, 8 for 264 and 512)
+        for rows, n in ((24 * sms * 8 + 8, 256), (24 * sms * 4 + 8, 264), (24 * sms * 4 + 8, 512)):
+            assert "batches of 32 values" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=3)
             for k in (3, 8):
                 x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
                 softmax_ops.fused_topk(x, k, -1, False)

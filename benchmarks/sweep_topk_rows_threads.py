@@ -2,8 +2,10 @@
 
 Needs a tree built with benchmarks/patches/topk-rows-threads-env.patch (an environment override read at every
 call); the product has no such knob. For each (case, dtype): the dispatcher's own T ("auto"), then every T
-that holds the row (T x 32 >= N) ("T<t>", the pointer's load layout), each checked against a float64 reference
-(values) on the first round, timed in 3 interleaved rounds of do_bench (L2 flushed); the median is printed.
+that holds the row (T x 32 >= N), and for 16-bit rows of whole vectors with k > 2 every T down to rows of 8
+batches (T x 32 x 8 >= N; the rows kernel's batched instances) ("T<t>", the pointer's load layout), each checked
+against a float64 reference (values) on the first round, timed in 3 interleaved rounds of do_bench (L2 flushed);
+the median is printed.
 ``!`` marks a wrong result. (Session 10 also swept scalar loads, "S<t>", with an override the patch no longer
 has.) One GPU call::
 
@@ -51,7 +53,9 @@ def main() -> None:
             auto = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
             # 16-bit rows in whole 16-byte vectors with k > 2 also run on fewer threads, in batches.
             batches_fit = dtype != torch.float32 and k > 2 and n <= 512 and n % 8 == 0
-            variants = ["auto"] + [f"T{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n or (batches_fit and t * 32 * 8 >= n)]
+            variants = ["auto"] + [
+                f"T{t}" for t in (1, 2, 4, 8, 16) if t * 32 >= n or (batches_fit and t * 32 * 8 >= n)
+            ]
             times: dict[str, list[float]] = {v: [] for v in variants}
             ok: dict[str, bool] = {}
 

@@ -659,7 +659,9 @@ def test_rows_float32_near_ties(n, k, renormalize):
 
 # Many rows keep the rows kernel at few threads per row (it adds threads only while the GPU has room), so each
 # thread holds 16-32 values: its largest in-thread networks and merges. (n, k) pairs: 16- and 32-bit layouts, a
-# scalar-load length (100), and k below, at and above the threads per row.
+# scalar-load length (100), and k below, at and above the threads per row. The 16-bit 512-column rows run in
+# batches on a 132-SM GPU (test_rows_kernel_in_batches has those); their 16 threads of 32 values each have the
+# 37-row forced tests and the misaligned (scalar-load) pass here.
 MANY_ROWS = 16384
 MANY_ROWS_CASES = [
     (64, 2),
@@ -732,9 +734,11 @@ def test_rows_kernel_in_batches(n, k, dtype):
     assert "batches of 32 values" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, dtype, seed=n * 10 + k, rows=rows).cuda()
     special = 5 + len(SPECIAL_ROWS)
+    x[special, n - 1] = float("nan")  # NaN in a last batch: the reload of every batch
     for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
         check_reference_order(data, k, "rows", renormalize)
-        check_topk(data[special:], k, -1, renormalize)
+        check_topk(data[special + 1 :], k, -1, renormalize)
+    check_topk(x[special + 1 :], k, -1, True, torch.float32)  # 16-bit logits, float32 probabilities
 
 
 @requires_cuda

@@ -262,6 +262,9 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
 
 @pytest.mark.parametrize("shape,k,dtype,threads", [
     ((65536, 256), 8, torch.float16, 4),     # 35.1 -> 33.4 us in two batches
+    ((25344, 256), 8, torch.float16, 4),     # exactly 24 warps per SM at 4 threads
+    ((25343, 256), 8, torch.float16, 8),     # one row fewer
+    ((65536, 136), 8, torch.float16, 4),     # the shortest rows that 8 threads hold: a second batch of one vector
     ((16384, 512), 8, torch.bfloat16, 8),    # 22.3 -> 20.1
     ((16384, 384), 8, torch.float16, 8),     # 18.5 -> 17.1
     ((65536, 512), 4, torch.float16, 8),     # the K = 4 instances: 48.2 -> 46.6

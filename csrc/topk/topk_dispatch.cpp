@@ -162,16 +162,17 @@ int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuris
 
 int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
-  // Many rows that take batches: half the threads (the launcher falls back to `threads` for a misaligned pointer).
-  const bool vector_rows = (n * dtype_bytes(dtype)) % 16 == 0;
-  if (rows_batches_fit(dtype, k, vector_rows) && threads >= kHeuristics.rows_batch_min_threads &&
+  // Rows of whole 16-byte vectors (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the
+  // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, and a plan in batches
+  // falls back to `threads` in the launcher).
+  const bool vector_sized = (n * dtype_bytes(dtype)) % 16 == 0;
+  // Many rows that take batches: half the threads.
+  if (rows_batches_fit(dtype, k, vector_sized) && threads >= kHeuristics.rows_batch_min_threads &&
       rows * (threads / 2) >= kHeuristics.rows_batch_min_warps_per_sm * props.sm_count * 32) {
     return static_cast<int>(threads / 2);
   }
   // Values a thread must keep after a doubling: a whole 16-byte vector, or a few scalars when the rows cannot
-  // take vector loads (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the plan
-  // does not see: a misaligned view of vector-sized rows keeps the vector rule).
-  const bool vector_sized = (n * dtype_bytes(dtype)) % 16 == 0;
+  // take vector loads.
   const int64_t min_values = vector_sized ? vec_elems(dtype) : kHeuristics.rows_scalar_min_values;
   while (threads < kRowsMaxThreadsPerRow && n >= 2 * threads * min_values &&
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
@@ -367,7 +368,10 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       const int64_t span = static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread;
       // The launcher's fallback for rows that cannot take batches (rows_batches_fit) applies to misaligned
       // pointers only: a contiguous tensor's rows of whole vectors are aligned.
-      if (n > span) out << ", each walking its share in " << ceil_div(n, span) << " batches of " << kRowsSlotsPerThread << " values";
+      if (n > span) {
+        out << ", each walking its share in " << ceil_div(n, span) << " batches of " << kRowsSlotsPerThread
+            << " values";
+      }
       out << ", top-" << next_pow2(k) << " lists in registers)";
       break;
     }

@@ -69,11 +69,12 @@ constexpr int kRowsSlotsPerThread = 32;
 constexpr int kRowsMaxThreadsPerRow = 16;
 constexpr int64_t kRowsMaxK = 8;
 constexpr int64_t kRowsMaxN = kRowsSlotsPerThread * kRowsMaxThreadsPerRow;
-// ... or, for 16-bit rows read in 16-byte vectors with k > kRowsBatchedMinK / 2, rows of up to kRowsMaxN values
-// on fewer threads: each thread then walks its share in batches of kRowsSlotsPerThread (topk_rows.cu).
+// ... or, for 16-bit rows read in 16-byte vectors whose top-K lists (K = k rounded up to a power of two) hold at
+// least kRowsBatchedMinK words, rows of up to kRowsMaxN values on fewer threads: each thread then walks its share
+// in batches of kRowsSlotsPerThread (topk_rows.cu).
 constexpr int kRowsBatchedMinK = 4;
 inline bool rows_batches_fit(DType in, int64_t k, bool vector_loads) {
-  return (in == DType::kFloat16 || in == DType::kBFloat16) && vector_loads && k > kRowsBatchedMinK / 2 &&
+  return (in == DType::kFloat16 || in == DType::kBFloat16) && vector_loads && next_pow2(k) >= kRowsBatchedMinK &&
          k <= kRowsMaxK;
 }
 

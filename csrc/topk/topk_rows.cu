@@ -453,7 +453,7 @@ __device__ __forceinline__ float word_value(typename Wd::W w, int) {
 // in batches of T x kSlots columns, each laid out like a whole row of that length, with a running (max, sum)
 // (the sum rescaled when a batch raises the max) and one top-K list; then the T threads' (max, sum) and lists are
 // merged. Fewer threads per row than a row of N / kSlots threads need fewer merges across them: each is K
-// shuffles and a merge network, where a thread adds 8 more values with one merge network and one sort of 8.
+// shuffles and a merge network, where a thread adds a group of 8 more values with 8 / K sorts of K and merges.
 // Returns the row's (max, sum); list: the row's top-K words in every thread of the row.
 template <int K, typename TIn>
 __device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int n, bool active, int t, int T,
@@ -473,13 +473,14 @@ __device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int
   add_batch(0, std::true_type{});
 #pragma unroll 1
   for (int first = span; first < n; first += span) add_batch(first, std::false_type{});
-  // The same operands in every thread of the row at every step (a + b == b + a): every thread gets the same
-  // (max, sum).
-  for (int offset = 1; offset < T; offset *= 2) {
-    const RowStats<float> other{__shfl_xor_sync(kFullMask, stats.max, offset),
-                                __shfl_xor_sync(kFullMask, stats.sum, offset)};
-    stats = merge_stats(stats, other);
-  }
+  // The row's max first, then each thread's sum rescaled once to it and added up: the same operands in every
+  // thread of the row at every step (a + b == b + a), so every thread gets the same (max, sum) bits, which a
+  // pairwise merge_stats does not promise (its products may contract into either side's fma).
+  float m = stats.max;
+  for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  float sum = stats.max == -INFINITY ? stats.sum : stats.sum * rescale_factor(stats.max, m);  // keeps 0 or NaN
+  for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+  stats = RowStats<float>{m, sum};
   merge_row_lists(list, T);
   // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
   if (__any_sync(kFullMask, stats.sum != stats.sum)) {
@@ -559,62 +560,62 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, 
     }
     take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
     write_row<K>(stats.max, stats.sum, v, col, t, T, k, row, active, values, indices, renormalize);
-    return;
-  }
-  RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
-  at.load(xr, n, active);
-
-  float m = at.max_value();  // NaN dropped, as by fmaxf
-  for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
-  const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
-
-  // Rank r = t + j*T is this thread's: its value and column.
-  float v[K];
-  int col[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    v[j] = 0.0f;
-    col[j] = 0;
-  }
-  float sum;
-  if constexpr (kIs16<TIn>) {
-    typename Words<TIn>::W list[K];
-    select_row<K, false, Words<TIn>>(at, shift, &sum, list);
-    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
-    if (__any_sync(kFullMask, sum != sum)) {
-      at.load(xr, n, active);
-      select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
-    }
-    take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
-  } else if constexpr (kExactFloat) {
-    // At most 8 values per thread: the exact words' wider networks cost less than the truncated words'
-    // exactness check and the L2 round trip for the exact values.
-    typename Words<float>::W list[K];
-    select_row<K, false, Words<float>>(at, shift, &sum, list);
-    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    if (__any_sync(kFullMask, sum != sum)) {  // NaN / +inf in the row: NaN-aware words, as for 16-bit inputs
-      at.load(xr, n, active);
-      select_row<K, true, Words<float>>(at, shift, nullptr, list);
-    }
-    take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
   } else {
-    uint32_t fast[K];
-    select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
-    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-    const bool exact = trunc_selection_exact(at, fast, k);
-    // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
-    if (__any_sync(kFullMask, sum != sum || !exact)) {
-      at.load(xr, n, active);
+    RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
+    at.load(xr, n, active);
+
+    float m = at.max_value();  // NaN dropped, as by fmaxf
+    for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+    const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
+
+    // Rank r = t + j*T is this thread's: its value and column.
+    float v[K];
+    int col[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      v[j] = 0.0f;
+      col[j] = 0;
+    }
+    float sum;
+    if constexpr (kIs16<TIn>) {
+      typename Words<TIn>::W list[K];
+      select_row<K, false, Words<TIn>>(at, shift, &sum, list);
+      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
+      if (__any_sync(kFullMask, sum != sum)) {
+        at.load(xr, n, active);
+        select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
+      }
+      take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
+    } else if constexpr (kExactFloat) {
+      // At most 8 values per thread: the exact words' wider networks cost less than the truncated words'
+      // exactness check and the L2 round trip for the exact values.
       typename Words<float>::W list[K];
-      select_row<K, true, Words<float>>(at, shift, nullptr, list);
+      select_row<K, false, Words<float>>(at, shift, &sum, list);
+      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      if (__any_sync(kFullMask, sum != sum)) {  // NaN / +inf in the row: NaN-aware words, as for 16-bit inputs
+        at.load(xr, n, active);
+        select_row<K, true, Words<float>>(at, shift, nullptr, list);
+      }
       take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
     } else {
-      // The exact value from memory: the word kept 23 bits of its key.
-      take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
+      uint32_t fast[K];
+      select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
+      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+      const bool exact = trunc_selection_exact(at, fast, k);
+      // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
+      if (__any_sync(kFullMask, sum != sum || !exact)) {
+        at.load(xr, n, active);
+        typename Words<float>::W list[K];
+        select_row<K, true, Words<float>>(at, shift, nullptr, list);
+        take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
+      } else {
+        // The exact value from memory: the word kept 23 bits of its key.
+        take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
+      }
     }
+    write_row<K>(m, sum, v, col, t, T, k, row, active, values, indices, renormalize);
   }
-  write_row<K>(m, sum, v, col, t, T, k, row, active, values, indices, renormalize);
 }
 
 }  // namespace
@@ -653,6 +654,8 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
         // Batched instances only where rows_batches_fit (checked above): 16-bit vector rows, K >= 4.
         if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
           if (batched) kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
+        } else if (batched) {
+          return cudaErrorInvalidValue;  // never reached while rows_batches_fit matches the instances
         }
         const int64_t rows_per_block = kRowsThreads / T;
         const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
