@@ -741,6 +741,30 @@ def test_rows_kernel_in_batches(n, k, dtype):
     check_topk(x[special + 1 :], k, -1, True, torch.float32)  # 16-bit logits, float32 probabilities
 
 
+# 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run staged on many rows (topk_dispatch.cpp,
+# rows_staged_min_ctas_per_sm): a persistent grid, each CTA copying its next group of rows into shared memory while
+# it ranks the current one. Lengths of 1 to 4 packs per thread, 1 to 16 threads per row; both K instances (4, 8).
+STAGED_ROWS_CASES = [(8, 3), (8, 8), (16, 5), (64, 6), (72, 4), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("n,k", STAGED_ROWS_CASES)
+def test_rows_kernel_staged(n, k, dtype):
+    """The rows kernel's staged instances (the dispatcher's own plan on 16384 rows; 4096 for 512 columns, which
+    16384 would batch; 20000 for 8, one thread per row, so that the 128-row CTAs reach one per SM; checked through
+    explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's error;
+    renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
+    rows = {512: 4096, 8: 20000}.get(n, MANY_ROWS)
+    assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+    x = many_rows_with_hard_cases(n, dtype, seed=n * 100 + k, rows=rows).cuda()
+    special = 5 + len(SPECIAL_ROWS)
+    for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
+        check_reference_order(data, k, "rows", renormalize)
+        check_topk(data[special:], k, -1, renormalize)
+    check_topk(x[special:], k, -1, False, torch.float32)
+
+
 @requires_cuda
 def test_rows_beyond_32_bit_element_offsets():
     """> 2^31 elements in total: 64-bit row offsets in the warp and block kernels."""
@@ -867,10 +891,13 @@ def test_list_kernels_and_explain():
     # rows of whole 16-byte vectors keep a vector per thread; others (scalar loads) spread over more threads
     assert "(8 threads per row" in softmax_ops.explain((4096, 64), torch.float16, op="fused_topk", k=4)
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)
-    # 32 values per thread at 4 threads, and 8 threads still fit one wave: 8; 65536 rows of 256 fill the GPU at
-    # half the 8 threads that hold a row, in batches (on a 132-SM GPU; explain without a GPU assumes an H100)
+    # 16-bit: 16384 rows of 128 run staged on the 4 threads that hold a row (float32: 32 values per thread at 4
+    # threads, and 8 threads still fit one wave: 8); 65536 rows of 256 fill the GPU at half the 8 threads that
+    # hold a row, in batches (on a 132-SM GPU; explain without a GPU assumes an H100)
     if "132 SMs" in softmax_ops.explain((1, 8), torch.float16, op="fused_topk", k=1):
-        assert "(8 threads per row" in softmax_ops.explain((16384, 128), torch.float16, op="fused_topk", k=8)
+        text = softmax_ops.explain((16384, 128), torch.float16, op="fused_topk", k=8)
+        assert "(4 threads per row" in text and "staged" in text, text
+        assert "(8 threads per row" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
         text = softmax_ops.explain((65536, 256), torch.float16, op="fused_topk", k=8)
         assert "(4 threads per row, each walking its share in 2 batches" in text, text
     text = softmax_ops.explain((16384, 160), torch.float32, op="fused_topk", k=16)

@@ -284,6 +284,25 @@ def test_many_16_bit_router_rows_run_on_half_the_threads_in_batches(shape, k, dt
     assert ("batches of 32 values" in text) == batched and ("one merge step fewer" in text) == batched, text
 
 
+@pytest.mark.parametrize("shape,k,dtype,threads,staged", [
+    ((16384, 128), 8, torch.float16, 4, True),     # 11.2 -> 10.4 us (one wave at 8 threads before)
+    ((16384, 256), 8, torch.bfloat16, 8, True),    # 13.9 -> 13.3
+    ((65536, 128), 8, torch.float16, 4, True),     # 22.0 -> 20.6
+    ((1049, 256), 4, torch.float16, 16, True),     # one 8-row CTA per SM (132 CTAs; few rows: 16 threads) ...
+    ((1048, 256), 4, torch.float16, 16, False),    # ... 131 CTAs
+    ((65536, 256), 8, torch.float16, 4, False),    # batched instead
+    ((16384, 128), 8, torch.float32, 8, False),    # float32: 20-35% slower staged
+    ((16384, 128), 2, torch.float16, 8, False),    # k <= 2: no staged instances
+    ((16384, 100), 8, torch.float16, 8, False),    # rows of 200 bytes: scalar loads
+])
+def test_many_16_bit_router_rows_run_staged(shape, k, dtype, threads, staged):
+    """csrc/topk/topk_dispatch.cpp, rows_staged_min_ctas_per_sm: 16-bit rows of whole 16-byte vectors with k > 2
+    that need no batches run staged from one CTA per SM, on the threads that hold a row (H100, session 29 call 6)."""
+    text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert f"kernel 'rows' ({threads} threads per row" in text, text
+    assert ("staged" in text) == staged, text
+
+
 @pytest.mark.parametrize("shape,k,dtype,peeled", [
     ((1024, 50257), 50, torch.float16, True),   # 74.0 -> 58.7 us
     ((1024, 50257), 50, torch.float32, True),   # 93.8 -> 91.1

@@ -186,25 +186,6 @@ __device__ __forceinline__ C cached_element(const Pack<T, N>& pack, int j) {
   }
 }
 
-// Global -> shared copy of one 16-byte pack that does not pass through registers (cp.async, sm_80+), so a
-// thread has all of its shared-memory packs in flight at once. Through registers, the block kernel's fill
-// loop waited for every 4 loads before storing them: 9-12 packs per thread cost 3 DRAM round trips before
-// any math, with at most 1-2 CTAs per SM to hide them. Completed by wait_async_copies (this thread's copies).
-__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" : : "r"(dst), "l"(gmem) : "memory");
-#else
-  *reinterpret_cast<uint4*>(smem) = *reinterpret_cast<const uint4*>(gmem);
-#endif
-}
-
-__device__ __forceinline__ void wait_async_copies() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;" : : : "memory");
-#endif
-}
-
 // Calls fn(v, j) for each element j of pack p of every stream: v[s] = element j of packs[s][p] in the
 // compute type C. The lean backward and the streaming passes visit through it (compiled to the same SASS as
 // their former copies, nvcc 13.0 sm_90). The warp kernel keeps its own loops: through this helper ptxas

@@ -66,6 +66,15 @@ struct TopkHeuristics {
   // warps per SM at T4) measured 12.8 / 12.9 -> 11.9 / 12.1 in batches but stays at 8 threads by this rule.
   int64_t rows_batch_min_threads = 8;
   int64_t rows_batch_min_warps_per_sm = 24;
+  // ... the other plans of the same rows (16-bit, whole 16-byte vectors, k > 2) with at least this many 128-thread
+  // CTAs per SM run staged: a persistent grid of CTAs, each copying its next group of rows into shared memory
+  // (cp.async) while it ranks the current one, on the threads that hold a row. H100, 2026-11-24 (session 29
+  // call 6, one process, 3 interleaved rounds, fp16 / bf16, us, *session29-c6-sweep*): 16384x128 k8 (T8, one
+  // wave) 11.2 / 11.3 -> staged T4 10.4 / 10.5; 16384x256 k8 T8 14.4 / 13.9 -> 13.5 / 13.3; 65536x128 k8 T4 22.0
+  // / 22.0 -> 20.6 / 20.7; 16384x160 k6 T8 12.4 / 13.1 -> 12.8 / 12.7. Batched rows stay batched (65536x256 k8
+  // staged T8 33.0 / 33.4 against batched T4 32.6 / 32.8) and float32 unstaged (its staged instances were 20-35%
+  // slower, spilling up to 72 bytes).
+  int64_t rows_staged_min_ctas_per_sm = 1;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
@@ -160,7 +169,13 @@ bool rows_fits(int64_t n, int64_t k, DType dtype) {
 // lost at 512 (16384x512 k8: 36.0 vs 32.4); 16-bit rows won everywhere up to 512.
 int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuristics.rows_auto_max_n_fp32 : kRowsMaxN; }
 
-int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
+// The rows kernel's threads per row, and whether its instances stage rows in shared memory (TopkPlan::staged).
+struct RowsLayout {
+  int threads;
+  bool staged;
+};
+
+RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
   // Rows of whole 16-byte vectors (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the
   // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, and a plan in batches
@@ -169,7 +184,7 @@ int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDevi
   // Many rows that take batches: half the threads.
   if (rows_batches_fit(dtype, k, vector_sized) && threads >= kHeuristics.rows_batch_min_threads &&
       rows * (threads / 2) >= kHeuristics.rows_batch_min_warps_per_sm * props.sm_count * 32) {
-    return static_cast<int>(threads / 2);
+    return {static_cast<int>(threads / 2), false};
   }
   // Values a thread must keep after a doubling: a whole 16-byte vector, or a few scalars when the rows cannot
   // take vector loads.
@@ -178,12 +193,18 @@ int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDevi
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
+  // Staged rows keep the threads that hold the row (at 8 threads 16384x128 k8 took 11.3 / 11.3 us staged against
+  // 10.4 / 10.5 at 4).
+  const int64_t ctas = ceil_div(rows, kRowsThreads / threads);
+  if (rows_batches_fit(dtype, k, vector_sized) && ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count) {
+    return {static_cast<int>(threads), true};
+  }
   const bool over_half_full = ceil_div(n, threads) > kRowsSlotsPerThread / 2;
   if (threads < kRowsMaxThreadsPerRow && over_half_full && n >= 2 * threads * min_values &&
       rows * threads * 2 <= kHeuristics.rows_one_wave_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
-  return static_cast<int>(threads);
+  return {static_cast<int>(threads), false};
 }
 
 // Chunks per row for a kernel that splits rows: enough for ctas_per_sm CTAs per SM over all rows, but chunks of
@@ -280,9 +301,12 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.splits = std::max<int64_t>(forced ? 2 : 1, radix_splits(rows, n, props));
       plan.workspace_bytes = radix_workspace_bytes(rows, n, plan.splits);
       break;
-    case TopkKernel::kRows:
-      plan.lanes_per_row = rows_threads(rows, n, k, dtype, props);
+    case TopkKernel::kRows: {
+      const RowsLayout layout = rows_layout(rows, n, k, dtype, props);
+      plan.lanes_per_row = layout.threads;
+      plan.staged = layout.staged;
       break;
+    }
   }
   return plan;
 }
@@ -372,7 +396,9 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
         out << ", each walking its share in " << ceil_div(n, span) << " batches of " << kRowsSlotsPerThread
             << " values";
       }
-      out << ", top-" << next_pow2(k) << " lists in registers)";
+      out << ", top-" << next_pow2(k) << " lists in registers";
+      if (plan.staged) out << "; staged: a persistent grid copies each CTA's next rows into shared memory meanwhile";
+      out << ")";
       break;
     }
     case TopkKernel::kWarp:

@@ -24,6 +24,7 @@
 // Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
 // NaN or +inf has a NaN sum; a warp holding such a row (or, for float32, a row whose truncated words were not
 // exact) redoes the selection with exact NaN-aware words, from a reload of the rows (rare).
+#include <algorithm>
 #include <array>
 #include <utility>
 
@@ -43,10 +44,11 @@ constexpr int kGroup = 8;                    // slots per accuracy group of the 
 //                  instances took 70 registers and 7 CTAs per SM, and ran slower on an H100 than with 64)
 //   16-bit, K = 4: 10 (<= 48); K <= 2: 12 (<= 40)
 //   float32, vector loads: 8 (<= 64; 72-78 at 4); scalar loads: 4 (at 8 they spill 400-500 bytes)
-//   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes)
-template <typename TIn, int K, bool kVector, bool kBatched = false>
+//   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes); staged ones (K >= 4): 8, which
+//   the launcher also takes as the persistent grid's CTAs per SM (their staging buffers take 8 x 9 KB)
+template <typename TIn, int K, bool kVector, bool kBatched = false, bool kStaged = false>
 constexpr int kRowsMinBlocks =
-    sizeof(TIn) == 2 ? (K >= 8 || kBatched ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
+    sizeof(TIn) == 2 ? (K >= 8 || kBatched || kStaged ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
@@ -297,6 +299,39 @@ struct RowSlots {
     }
   }
 
+  // The 16-byte layout's packs of the row on their way into the CTA's staging buffer (cp.async: no registers
+  // held while they fly); thread i's pack p goes to stage[p * kRowsThreads + i]. Completed by
+  // wait_async_copies, then read by load_staged.
+  __device__ __forceinline__ void stage_row(uint4* stage, const TIn* row, int n, bool active) const {
+    static_assert(kVector, "staged rows: the 16-byte layout");
+    const int packs = active ? n / V : 0;
+#pragma unroll
+    for (int p = 0; p < kCapacity / V; ++p) {
+      if (!group_used(p * V / kGroup)) continue;
+      if (p * T + t < packs) {
+        detail::copy_async_16(stage + p * kRowsThreads + threadIdx.x, reinterpret_cast<const uint4*>(row) + p * T + t);
+      }
+    }
+  }
+
+  // load() from the staging buffer that stage_row filled.
+  __device__ __forceinline__ void load_staged(const uint4* stage, int n, bool active) {
+    static_assert(kVector, "staged rows: the 16-byte layout");
+    const int packs = active ? n / V : 0;
+#pragma unroll
+    for (int p = 0; p < kCapacity / V; ++p) {
+      if (!group_used(p * V / kGroup)) continue;
+      const bool valid = p * T + t < packs;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (valid) v = stage[p * kRowsThreads + threadIdx.x];
+      const uint4 pad = neg_inf_raw16<TIn>();
+      raw[p * 4 + 0] = valid ? v.x : pad.x;
+      raw[p * 4 + 1] = valid ? v.y : pad.y;
+      raw[p * 4 + 2] = valid ? v.z : pad.z;
+      raw[p * 4 + 3] = valid ? v.w : pad.w;
+    }
+  }
+
   // The largest value of the thread's used slots (NaN ignored, as fmaxf; -inf when there is none). 16-bit
   // values two at a time (HMNMX2 on the raw pairs: half the ALU instructions of a float max per value).
   __device__ __forceinline__ float max_value() const {
@@ -533,11 +568,75 @@ __device__ __forceinline__ void write_row(float m, float sum, const float (&v)[K
   }
 }
 
+// An unbatched row whose slots `at` holds (loaded from xr, the row's data): its max, selection, probabilities and
+// results. after_max() runs once every slot has been read (the staged kernel reuses the staging buffer then).
+template <int K, bool kExactFloat, typename TIn, typename TOut, bool kVector, int kCapacity, typename AfterMax>
+__device__ __forceinline__ void rank_row(RowSlots<TIn, kVector, kCapacity>& at, const TIn* xr, int n, int k, int t,
+                                         int T, int64_t row, bool active, TOut* __restrict__ values,
+                                         int64_t* __restrict__ indices, bool renormalize, AfterMax&& after_max) {
+  float m = at.max_value();  // NaN dropped, as by fmaxf
+  for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
+  const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
+  after_max();  // every slot has been read into a value
+
+  // Rank r = t + j*T is this thread's: its value and column.
+  float v[K];
+  int col[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    v[j] = 0.0f;
+    col[j] = 0;
+  }
+  float sum;
+  if constexpr (kIs16<TIn>) {
+    typename Words<TIn>::W list[K];
+    select_row<K, false, Words<TIn>>(at, shift, &sum, list);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
+    if (__any_sync(kFullMask, sum != sum)) {
+      at.load(xr, n, active);
+      select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
+    }
+    take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
+  } else if constexpr (kExactFloat) {
+    // At most 8 values per thread: the exact words' wider networks cost less than the truncated words'
+    // exactness check and the L2 round trip for the exact values.
+    typename Words<float>::W list[K];
+    select_row<K, false, Words<float>>(at, shift, &sum, list);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    if (__any_sync(kFullMask, sum != sum)) {  // NaN / +inf in the row: NaN-aware words, as for 16-bit inputs
+      at.load(xr, n, active);
+      select_row<K, true, Words<float>>(at, shift, nullptr, list);
+    }
+    take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
+  } else {
+    uint32_t fast[K];
+    select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
+    for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
+    const bool exact = trunc_selection_exact(at, fast, k);
+    // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
+    if (__any_sync(kFullMask, sum != sum || !exact)) {
+      at.load(xr, n, active);
+      typename Words<float>::W list[K];
+      select_row<K, true, Words<float>>(at, shift, nullptr, list);
+      take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
+    } else {
+      // The exact value from memory: the word kept 23 bits of its key.
+      take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
+    }
+  }
+  write_row<K>(m, sum, v, col, t, T, k, row, active, values, indices, renormalize);
+}
+
 // kExactFloat (float32 inputs whose threads hold at most kGroup values each): the exact 64-bit words at once.
 // A separate instance: in the same kernel their registers raised every float32 instance to 96 (ptxas).
 // kBatched: 16-bit rows of more than T x kSlots values (select_row_batched).
-template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat, bool kBatched = false>
-__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, kBatched>)
+// kStaged (16-bit rows in 16-byte vectors, K >= 4): a persistent grid of CTAs, each walking groups of
+// kRowsThreads / T rows; a group's data is copied into shared memory (cp.async) while the CTA ranks the group
+// before it, once that group's values are in registers.
+template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat, bool kBatched = false,
+          bool kStaged = false>
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, kBatched, kStaged>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
@@ -560,61 +659,34 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, 
     }
     take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
     write_row<K>(stats.max, stats.sum, v, col, t, T, k, row, active, values, indices, renormalize);
+  } else if constexpr (kStaged) {
+    static_assert(kIs16<TIn> && kVector && !kExactFloat, "staged rows: 16-bit inputs in 16-byte vectors");
+    using Slots = RowSlots<TIn, true>;
+    __shared__ uint4 stage[kSlots / Slots::V * kRowsThreads];  // 8 KB: each thread's packs of its row
+    // Group g: rows g * rows_per_block .. + rows_per_block - 1, thread i on row g * rows_per_block + i / T. A
+    // thread copies and reads only its own packs of the buffer, so its own cp.async wait is the only order needed.
+    const int64_t rows_per_block = kRowsThreads / T;
+    const int64_t groups = (rows + rows_per_block - 1) / rows_per_block;
+    const auto row_of = [&](int64_t group) { return group * rows_per_block + threadIdx.x / T; };
+    const auto data_of = [&](int64_t r) { return x + (r < rows ? r : 0) * static_cast<int64_t>(n); };
+    Slots at(n, t, T);
+    if (static_cast<int64_t>(blockIdx.x) < groups) {
+      const int64_t r = row_of(blockIdx.x);
+      at.stage_row(stage, data_of(r), n, r < rows);
+    }
+    for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
+      const int64_t r = row_of(group);
+      detail::wait_async_copies();
+      at.load_staged(stage, n, r < rows);
+      const int64_t next = group + gridDim.x;
+      rank_row<K, kExactFloat>(at, data_of(r), n, k, t, T, r, r < rows, values, indices, renormalize, [&] {
+        if (next < groups) at.stage_row(stage, data_of(row_of(next)), n, row_of(next) < rows);
+      });
+    }
   } else {
     RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
     at.load(xr, n, active);
-
-    float m = at.max_value();  // NaN dropped, as by fmaxf
-    for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
-    const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
-
-    // Rank r = t + j*T is this thread's: its value and column.
-    float v[K];
-    int col[K];
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-      v[j] = 0.0f;
-      col[j] = 0;
-    }
-    float sum;
-    if constexpr (kIs16<TIn>) {
-      typename Words<TIn>::W list[K];
-      select_row<K, false, Words<TIn>>(at, shift, &sum, list);
-      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-      // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
-      if (__any_sync(kFullMask, sum != sum)) {
-        at.load(xr, n, active);
-        select_row<K, true, Words<TIn>>(at, shift, nullptr, list);
-      }
-      take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
-    } else if constexpr (kExactFloat) {
-      // At most 8 values per thread: the exact words' wider networks cost less than the truncated words'
-      // exactness check and the L2 round trip for the exact values.
-      typename Words<float>::W list[K];
-      select_row<K, false, Words<float>>(at, shift, &sum, list);
-      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-      if (__any_sync(kFullMask, sum != sum)) {  // NaN / +inf in the row: NaN-aware words, as for 16-bit inputs
-        at.load(xr, n, active);
-        select_row<K, true, Words<float>>(at, shift, nullptr, list);
-      }
-      take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
-    } else {
-      uint32_t fast[K];
-      select_row<K, false, TruncFloatWords>(at, shift, &sum, fast);
-      for (int offset = 1; offset < T; offset *= 2) sum += __shfl_xor_sync(kFullMask, sum, offset);
-      const bool exact = trunc_selection_exact(at, fast, k);
-      // NaN / +inf in the row, or a tie of truncated keys at the selection: the exact (NaN-aware) words.
-      if (__any_sync(kFullMask, sum != sum || !exact)) {
-        at.load(xr, n, active);
-        typename Words<float>::W list[K];
-        select_row<K, true, Words<float>>(at, shift, nullptr, list);
-        take_ranks<Words<float>>(list, t, T, k, word_value<Words<float>>, v, col);
-      } else {
-        // The exact value from memory: the word kept 23 bits of its key.
-        take_ranks<TruncFloatWords>(fast, t, T, k, [&](uint32_t, int c) { return __ldg(xr + c); }, v, col);
-      }
-    }
-    write_row<K>(m, sum, v, col, t, T, k, row, active, values, indices, renormalize);
+    rank_row<K, kExactFloat>(at, xr, n, k, t, T, row, active, values, indices, renormalize, [] {});
   }
 }
 
@@ -651,6 +723,27 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
                                                  : topk_rows_kernel<TIn, TOut, kK, true, false>)
                                         : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
                                                  : topk_rows_kernel<TIn, TOut, kK, false, false>);
+        // Staged instances where the plan asks for them and the rows take them (as for batches, rows_batches_fit;
+        // a misaligned pointer runs the plain instance): a persistent grid of the CTAs the register budget fits
+        // per SM.
+        if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
+          if (plan.staged && !batched && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
+            const auto staged = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
+            int device = 0;
+            int sms = 0;
+            cudaError_t status = cudaGetDevice(&device);
+            if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+            if (status != cudaSuccess) return status;
+            const int64_t rows_per_block = kRowsThreads / T;
+            const int64_t groups = (problem.rows + rows_per_block - 1) / rows_per_block;
+            constexpr int64_t kPerSm = kRowsMinBlocks<TIn, kK, true, false, true>;
+            const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, sms * kPerSm));
+            staged<<<static_cast<unsigned>(grid), kRowsThreads, 0, stream>>>(
+                static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
+                static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize);
+            return cudaGetLastError();
+          }
+        }
         // Batched instances only where rows_batches_fit (checked above): 16-bit vector rows, K >= 4.
         if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
           if (batched) kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
