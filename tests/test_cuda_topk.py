@@ -743,8 +743,9 @@ def test_rows_kernel_in_batches(n, k, dtype):
 
 # 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run staged on many rows (topk_dispatch.cpp,
 # rows_staged_min_ctas_per_sm): a persistent grid, each CTA copying its next group of rows into shared memory while
-# it ranks the current one. Lengths of 1 to 4 packs per thread, 1 to 16 threads per row; both K instances (4, 8).
-STAGED_ROWS_CASES = [(8, 3), (8, 8), (16, 5), (64, 6), (72, 4), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
+# it ranks the current one. Lengths of 3 or 4 packs per thread (fewer do not run staged), 1 to 16 threads per row;
+# both K instances (4, 8).
+STAGED_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
 
 
 @requires_cuda
@@ -752,10 +753,10 @@ STAGED_ROWS_CASES = [(8, 3), (8, 8), (16, 5), (64, 6), (72, 4), (128, 8), (160, 
 @pytest.mark.parametrize("n,k", STAGED_ROWS_CASES)
 def test_rows_kernel_staged(n, k, dtype):
     """The rows kernel's staged instances (the dispatcher's own plan on 16384 rows; 4096 for 512 columns, which
-    16384 would batch; 20000 for 8, one thread per row, so that the 128-row CTAs reach one per SM; checked through
-    explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's error;
-    renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
-    rows = {512: 4096, 8: 20000}.get(n, MANY_ROWS)
+    16384 would batch; 40000 for rows of up to 40, which fewer rows would spread over more threads; checked
+    through explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's
+    error; renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
+    rows = 4096 if n == 512 else 40000 if n <= 40 else MANY_ROWS
     assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, dtype, seed=n * 100 + k, rows=rows).cuda()
     special = 5 + len(SPECIAL_ROWS)

@@ -288,8 +288,10 @@ def test_many_16_bit_router_rows_run_on_half_the_threads_in_batches(shape, k, dt
     ((16384, 128), 8, torch.float16, 4, True),     # 11.2 -> 10.4 us (one wave at 8 threads before)
     ((16384, 256), 8, torch.bfloat16, 8, True),    # 13.9 -> 13.3
     ((65536, 128), 8, torch.float16, 4, True),     # 22.0 -> 20.6
-    ((1049, 256), 4, torch.float16, 16, True),     # one 8-row CTA per SM (132 CTAs; few rows: 16 threads) ...
-    ((1048, 256), 4, torch.float16, 16, False),    # ... 131 CTAs
+    ((1049, 512), 4, torch.float16, 16, True),     # one 8-row CTA per SM (132 CTAs) ...
+    ((1048, 512), 4, torch.float16, 16, False),    # ... 131 CTAs
+    ((16384, 64), 6, torch.float16, 4, False),     # two vectors per thread: 8.1-8.6 -> 8.6-9.8 us staged
+    ((16384, 72), 6, torch.float16, 4, True),      # three
     ((65536, 256), 8, torch.float16, 4, False),    # batched instead
     ((16384, 128), 8, torch.float32, 8, False),    # float32: 20-35% slower staged
     ((16384, 128), 2, torch.float16, 8, False),    # k <= 2: no staged instances
@@ -297,7 +299,8 @@ def test_many_16_bit_router_rows_run_on_half_the_threads_in_batches(shape, k, dt
 ])
 def test_many_16_bit_router_rows_run_staged(shape, k, dtype, threads, staged):
     """csrc/topk/topk_dispatch.cpp, rows_staged_min_ctas_per_sm: 16-bit rows of whole 16-byte vectors with k > 2
-    that need no batches run staged from one CTA per SM, on the threads that hold a row (H100, session 29 call 6)."""
+    that need no batches run staged from one CTA per SM, where a thread holds more than two 16-byte vectors, on the
+    threads that hold a row (H100, session 29 calls 6-8)."""
     text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
     assert f"kernel 'rows' ({threads} threads per row" in text, text
     assert ("staged" in text) == staged, text

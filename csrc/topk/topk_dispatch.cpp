@@ -67,14 +67,17 @@ struct TopkHeuristics {
   int64_t rows_batch_min_threads = 8;
   int64_t rows_batch_min_warps_per_sm = 24;
   // ... the other plans of the same rows (16-bit, whole 16-byte vectors, k > 2) with at least this many 128-thread
-  // CTAs per SM run staged: a persistent grid of CTAs, each copying its next group of rows into shared memory
+  // CTAs per SM run staged (A/Bs in turns: session 29 calls 7 and 8, *session29-c7/c8-compare-staged*): a persistent grid of CTAs, each copying its next group of rows into shared memory
   // (cp.async) while it ranks the current one, on the threads that hold a row. H100, 2026-11-24 (session 29
   // call 6, one process, 3 interleaved rounds, fp16 / bf16, us, *session29-c6-sweep*): 16384x128 k8 (T8, one
   // wave) 11.2 / 11.3 -> staged T4 10.4 / 10.5; 16384x256 k8 T8 14.4 / 13.9 -> 13.5 / 13.3; 65536x128 k8 T4 22.0
   // / 22.0 -> 20.6 / 20.7; 16384x160 k6 T8 12.4 / 13.1 -> 12.8 / 12.7. Batched rows stay batched (65536x256 k8
   // staged T8 33.0 / 33.4 against batched T4 32.6 / 32.8) and float32 unstaged (its staged instances were 20-35%
   // slower, spilling up to 72 bytes).
+  // ... where a thread holds more than this many 16-byte vectors: 16384x64 k6 (two per thread at 4 threads) took
+  // 8.6 / 9.4 / 9.8 us staged against 8.4 / 8.1 / 8.6 (fp16; bf16 8.5 / 9.0 / 8.5 against 8.3 / 8.2; call 8).
   int64_t rows_staged_min_ctas_per_sm = 1;
+  int64_t rows_staged_min_vectors_per_thread = 2;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
@@ -196,7 +199,8 @@ RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const To
   // Staged rows keep the threads that hold the row (at 8 threads 16384x128 k8 took 11.3 / 11.3 us staged against
   // 10.4 / 10.5 at 4).
   const int64_t ctas = ceil_div(rows, kRowsThreads / threads);
-  if (rows_batches_fit(dtype, k, vector_sized) && ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count) {
+  if (rows_batches_fit(dtype, k, vector_sized) && ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count &&
+      n > kHeuristics.rows_staged_min_vectors_per_thread * threads * vec_elems(dtype)) {
     return {static_cast<int>(threads), true};
   }
   const bool over_half_full = ceil_div(n, threads) > kRowsSlotsPerThread / 2;
