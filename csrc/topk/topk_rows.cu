@@ -266,22 +266,29 @@ struct RowSlots {
     return first + (kVector ? ((s / V) * T + t) * V + s % V : s * T + t);
   }
 
+  // The 16-byte layout's used packs from fetch(p) (pack p of this thread: the row's vector p * T + t), the packs
+  // past the row (or all, active == false) -inf.
+  template <typename Fetch>
+  __device__ __forceinline__ void load_packs(int n, bool active, Fetch&& fetch) {
+    const int packs = active ? n / V : 0;
+#pragma unroll
+    for (int p = 0; p < kCapacity / V; ++p) {
+      if (!group_used(p * V / kGroup)) continue;
+      const bool valid = p * T + t < packs;
+      uint4 v = make_uint4(0, 0, 0, 0);
+      if (valid) v = fetch(p);
+      const uint4 pad = neg_inf_raw16<TIn>();
+      raw[p * 4 + 0] = valid ? v.x : pad.x;
+      raw[p * 4 + 1] = valid ? v.y : pad.y;
+      raw[p * 4 + 2] = valid ? v.z : pad.z;
+      raw[p * 4 + 3] = valid ? v.w : pad.w;
+    }
+  }
+
   // Loads the row (active == false: every slot -inf).
   __device__ __forceinline__ void load(const TIn* row, int n, bool active) {
     if constexpr (kVector) {
-      const int packs = active ? n / V : 0;
-#pragma unroll
-      for (int p = 0; p < kCapacity / V; ++p) {
-        if (!group_used(p * V / kGroup)) continue;
-        const bool valid = p * T + t < packs;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (valid) v = __ldcs(reinterpret_cast<const uint4*>(row) + p * T + t);
-        const uint4 pad = neg_inf_raw16<TIn>();
-        raw[p * 4 + 0] = valid ? v.x : pad.x;
-        raw[p * 4 + 1] = valid ? v.y : pad.y;
-        raw[p * 4 + 2] = valid ? v.z : pad.z;
-        raw[p * 4 + 3] = valid ? v.w : pad.w;
-      }
+      load_packs(n, active, [&](int p) { return __ldcs(reinterpret_cast<const uint4*>(row) + p * T + t); });
     } else {
       const int limit = active ? n : 0;
 #pragma unroll
@@ -317,19 +324,7 @@ struct RowSlots {
   // load() from the staging buffer that stage_row filled.
   __device__ __forceinline__ void load_staged(const uint4* stage, int n, bool active) {
     static_assert(kVector, "staged rows: the 16-byte layout");
-    const int packs = active ? n / V : 0;
-#pragma unroll
-    for (int p = 0; p < kCapacity / V; ++p) {
-      if (!group_used(p * V / kGroup)) continue;
-      const bool valid = p * T + t < packs;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (valid) v = stage[p * kRowsThreads + threadIdx.x];
-      const uint4 pad = neg_inf_raw16<TIn>();
-      raw[p * 4 + 0] = valid ? v.x : pad.x;
-      raw[p * 4 + 1] = valid ? v.y : pad.y;
-      raw[p * 4 + 2] = valid ? v.z : pad.z;
-      raw[p * 4 + 3] = valid ? v.w : pad.w;
-    }
+    load_packs(n, active, [&](int p) { return stage[p * kRowsThreads + threadIdx.x]; });
   }
 
   // The largest value of the thread's used slots (NaN ignored, as fmaxf; -inf when there is none). 16-bit
