@@ -748,15 +748,23 @@ def test_rows_kernel_in_batches(n, k, dtype):
 STAGED_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
 
 
+def staged_rows(n: int) -> int:
+    """Rows of n that keep the fewest threads holding a row on this GPU (8 warps per SM: the dispatcher's few-row
+    doubling stops there)."""
+    fewest = 1 << (-(-n // 32) - 1).bit_length()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return -(-8 * sms * 32 // fewest) + 64
+
+
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("n,k", STAGED_ROWS_CASES)
 def test_rows_kernel_staged(n, k, dtype):
     """The rows kernel's staged instances (the dispatcher's own plan on 16384 rows; 4096 for 512 columns, which
-    16384 would batch; 40000 for rows of up to 40, which fewer rows would spread over more threads; checked
-    through explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's
-    error; renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
-    rows = 4096 if n == 512 else 40000 if n <= 40 else MANY_ROWS
+    16384 would batch; more for short rows, which fewer rows would spread over more threads; checked through
+    explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's error;
+    renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
+    rows = 4096 if n == 512 else max(MANY_ROWS, staged_rows(n))
     assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, dtype, seed=n * 100 + k, rows=rows).cuda()
     special = 5 + len(SPECIAL_ROWS)
@@ -764,6 +772,25 @@ def test_rows_kernel_staged(n, k, dtype):
         check_reference_order(data, k, "rows", renormalize)
         check_topk(data[special:], k, -1, renormalize)
     check_topk(x[special:], k, -1, False, torch.float32)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_rows_kernel_staged_walks_several_groups(dtype):
+    """More groups of rows than resident CTAs: every CTA of the persistent grid copies its next group while it ranks
+    one (the staging buffer reused), the last group partial; hard and special rows in the first group and again in
+    the last rows, where the NaN / +inf reload runs with a copy in flight."""
+    n, k = 128, 8  # 4 threads per row, 32 rows per CTA
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = 2 * 8 * sms * 32 + 5  # two groups per resident CTA (8 per SM) and a partial one
+    assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+    x = many_rows_with_hard_cases(n, torch.float64, seed=7, rows=rows)
+    hard = 5 + len(SPECIAL_ROWS)
+    x[-hard:] = x[:hard]
+    x = x.to(dtype).cuda()
+    for renormalize in (False, True):
+        check_reference_order(x, k, "rows", renormalize)
+        check_topk(x[hard:-hard], k, -1, renormalize)
 
 
 @requires_cuda

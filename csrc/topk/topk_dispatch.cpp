@@ -67,15 +67,20 @@ struct TopkHeuristics {
   int64_t rows_batch_min_threads = 8;
   int64_t rows_batch_min_warps_per_sm = 24;
   // ... the other plans of the same rows (16-bit, whole 16-byte vectors, k > 2) with at least this many 128-thread
-  // CTAs per SM run staged (A/Bs in turns: session 29 calls 7 and 8, *session29-c7/c8-compare-staged*): a persistent grid of CTAs, each copying its next group of rows into shared memory
-  // (cp.async) while it ranks the current one, on the threads that hold a row. H100, 2026-11-24 (session 29
-  // call 6, one process, 3 interleaved rounds, fp16 / bf16, us, *session29-c6-sweep*): 16384x128 k8 (T8, one
-  // wave) 11.2 / 11.3 -> staged T4 10.4 / 10.5; 16384x256 k8 T8 14.4 / 13.9 -> 13.5 / 13.3; 65536x128 k8 T4 22.0
-  // / 22.0 -> 20.6 / 20.7; 16384x160 k6 T8 12.4 / 13.1 -> 12.8 / 12.7. Batched rows stay batched (65536x256 k8
-  // staged T8 33.0 / 33.4 against batched T4 32.6 / 32.8) and float32 unstaged (its staged instances were 20-35%
-  // slower, spilling up to 72 bytes).
-  // ... where a thread holds more than this many 16-byte vectors: 16384x64 k6 (two per thread at 4 threads) took
-  // 8.6 / 9.4 / 9.8 us staged against 8.4 / 8.1 / 8.6 (fp16; bf16 8.5 / 9.0 / 8.5 against 8.3 / 8.2; call 8).
+  // CTAs per SM, where a thread holds more than rows_staged_min_vectors_per_thread 16-byte vectors, run staged:
+  // each CTA's rows are copied into shared memory (cp.async) and read from there; where the rows exceed one CTA
+  // per resident slot (8 per SM), a persistent grid copies a CTA's next rows while it ranks the current ones. The
+  // threads are those that hold a row: the few-row doubling never leaves a thread more than two vectors, and the
+  // one-wave doubling comes after this rule. H100, 2026-11-24, fp16 / bf16, us:
+  //   call 6 (one process, 3 interleaved rounds, *session29-c6-sweep*): 16384x128 k8 (8 threads, one wave) 11.2 /
+  //     11.3 -> staged at 4 threads 10.4 / 10.5; 16384x256 k8 (8 threads) 14.4 / 13.9 -> 13.5 / 13.3; 65536x128
+  //     k8 (4 threads) 22.0 / 22.0 -> 20.6 / 20.7. Batched rows stay batched (65536x256 k8 staged at 8 threads 33.0
+  //     / 33.4 against batched 32.6 / 32.8, though 32768x256 k8 measured 19.8 / 20.4 staged against 20.4 / 20.7),
+  //     and float32 unstaged (its staged instances were 20-35% slower, spilling up to 72 bytes).
+  //   calls 7 and 8 (A/Bs in turns, *session29-c7-compare-staged*, *session29-c8-compare-staged-small*):
+  //     65536x128 k8 -7.2 / -8.8%, 16384x256 k8 -3.3 / -5.1%, 16384x160 k6 -6.0% (fp16), 16384x128 k8 between
+  //     -7% and +2%; but 16384x64 k6, two vectors per thread at 4 threads, 8.6 / 9.4 / 9.8 staged against 8.4 /
+  //     8.1 / 8.6 (fp16; bf16 8.5 / 9.0 / 8.5 against 8.3 / 8.2 and a 14.1 outlier): the vector floor.
   int64_t rows_staged_min_ctas_per_sm = 1;
   int64_t rows_staged_min_vectors_per_thread = 2;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
@@ -181,8 +186,8 @@ struct RowsLayout {
 RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
   // Rows of whole 16-byte vectors (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the
-  // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, and a plan in batches
-  // falls back to `threads` in the launcher).
+  // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, a plan in batches
+  // falls back to `threads` in the launcher, and a staged plan to the plain instance at its threads).
   const bool vector_sized = (n * dtype_bytes(dtype)) % 16 == 0;
   // Many rows that take batches: half the threads.
   if (rows_batches_fit(dtype, k, vector_sized) && threads >= kHeuristics.rows_batch_min_threads &&
@@ -199,7 +204,8 @@ RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const To
   // Staged rows keep the threads that hold the row (at 8 threads 16384x128 k8 took 11.3 / 11.3 us staged against
   // 10.4 / 10.5 at 4).
   const int64_t ctas = ceil_div(rows, kRowsThreads / threads);
-  if (rows_batches_fit(dtype, k, vector_sized) && ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count &&
+  if (rows_batches_fit(dtype, k, vector_sized) &&
+      ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count &&
       n > kHeuristics.rows_staged_min_vectors_per_thread * threads * vec_elems(dtype)) {
     return {static_cast<int>(threads), true};
   }
@@ -401,7 +407,10 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
             << " values";
       }
       out << ", top-" << next_pow2(k) << " lists in registers";
-      if (plan.staged) out << "; staged: a persistent grid copies each CTA's next rows into shared memory meanwhile";
+      if (plan.staged) {
+        out << "; staged: each CTA's rows copied into shared memory (cp.async), the next ones while it ranks the "
+               "current ones where the rows exceed the resident CTAs";
+      }
       out << ")";
       break;
     }
@@ -512,6 +521,8 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
     if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
       reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "
                 "merge step fewer per row)";
+    } else if (plan.staged) {
+      reason << "; a CTA per SM at least and more than two 16-byte vectors per thread: staged in shared memory";
     }
     if (why != nullptr) *why = reason.str();
     return plan;

@@ -1,8 +1,10 @@
 // fused_topk "rows" kernel: router rows of N <= 512 with k <= 8, float16/bfloat16/float32. T threads share
 // one row (T = 1..16, a power of two; 16 / T rows per half-warp), each holding up to 32 of its values in
-// registers (16-byte loads: 64-128 bytes in flight per thread). No shared memory, no barriers; shuffles only
-// between the T threads of a row (log2 T merge steps). Batched instances (16-bit rows in 16-byte vectors, K >= 4):
-// rows longer than T x 32, each thread walking its share in batches of T x 32 columns (select_row_batched).
+// registers (16-byte loads: 64-128 bytes in flight per thread). No barriers; shuffles only between the T threads
+// of a row (log2 T merge steps). Batched instances (16-bit rows in 16-byte vectors, K >= 4): rows longer than
+// T x 32, each thread walking its share in batches of T x 32 columns (select_row_batched). Staged instances (the
+// same rows, unbatched): each thread's packs pass through an 8 KB shared buffer (cp.async), a persistent grid
+// copying a CTA's next rows while it ranks the current ones (kStaged); the other instances use no shared memory.
 //
 // Values of one row (T threads, V elements per 16-byte vector, slot s of thread t):
 //   vector loads (x 16-byte aligned, n % V == 0): slot p*V + j holds column ((p*T) + t)*V + j
@@ -45,7 +47,8 @@ constexpr int kGroup = 8;                    // slots per accuracy group of the 
 //   16-bit, K = 4: 10 (<= 48); K <= 2: 12 (<= 40)
 //   float32, vector loads: 8 (<= 64; 72-78 at 4); scalar loads: 4 (at 8 they spill 400-500 bytes)
 //   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes); staged ones (K >= 4): 8, which
-//   the launcher also takes as the persistent grid's CTAs per SM (their staging buffers take 8 x 9 KB)
+//   the launcher also takes as the persistent grid's CTAs per SM (8 staging buffers of 8 KB, plus the 1 KB the
+//   system reserves per CTA)
 template <typename TIn, int K, bool kVector, bool kBatched = false, bool kStaged = false>
 constexpr int kRowsMinBlocks =
     sizeof(TIn) == 2 ? (K >= 8 || kBatched || kStaged ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
@@ -316,7 +319,8 @@ struct RowSlots {
     for (int p = 0; p < kCapacity / V; ++p) {
       if (!group_used(p * V / kGroup)) continue;
       if (p * T + t < packs) {
-        detail::copy_async_16(stage + p * kRowsThreads + threadIdx.x, reinterpret_cast<const uint4*>(row) + p * T + t);
+        const uint4* pack = reinterpret_cast<const uint4*>(row) + p * T + t;
+        detail::copy_async_16(stage + p * kRowsThreads + threadIdx.x, pack);
       }
     }
   }
@@ -572,7 +576,7 @@ __device__ __forceinline__ void rank_row(RowSlots<TIn, kVector, kCapacity>& at, 
   float m = at.max_value();  // NaN dropped, as by fmaxf
   for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
   const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
-  after_max();  // every slot has been read into a value
+  after_max();  // every slot has been read from where it was loaded (the NaN / +inf reload reads global memory)
 
   // Rank r = t + j*T is this thread's: its value and column.
   float v[K];
@@ -723,7 +727,7 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
         // per SM.
         if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
           if (plan.staged && !batched && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
-            const auto staged = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
+            const auto staged_kernel = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
             int device = 0;
             int sms = 0;
             cudaError_t status = cudaGetDevice(&device);
@@ -733,7 +737,7 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
             const int64_t groups = (problem.rows + rows_per_block - 1) / rows_per_block;
             constexpr int64_t kPerSm = kRowsMinBlocks<TIn, kK, true, false, true>;
             const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, sms * kPerSm));
-            staged<<<static_cast<unsigned>(grid), kRowsThreads, 0, stream>>>(
+            staged_kernel<<<static_cast<unsigned>(grid), kRowsThreads, 0, stream>>>(
                 static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
                 static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize);
             return cudaGetLastError();

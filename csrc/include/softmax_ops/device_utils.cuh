@@ -132,7 +132,7 @@ __device__ __forceinline__ RowEdges<VEC> row_edges_at(int64_t start, int64_t n) 
 }
 
 // Global -> shared copy of one 16-byte pack that does not pass through registers (cp.async, sm_80+), so a
-// thread has all of its shared-memory packs in flight at once. Through registers, the block kernel's fill
+// thread has all of its shared-memory packs in flight at once. Through registers, the softmax block kernel's fill
 // loop waited for every 4 loads before storing them: 9-12 packs per thread cost 3 DRAM round trips before
 // any math, with at most 1-2 CTAs per SM to hide them. Completed by wait_async_copies (this thread's copies).
 __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
