@@ -677,6 +677,9 @@ MANY_ROWS_CASES = [
 ]
 
 
+HARD_ROWS = 5 + len(SPECIAL_ROWS)  # the rows in front that many_rows_with_hard_cases makes hard or special
+
+
 def many_rows_with_hard_cases(n: int, dtype: torch.dtype, seed: int, rows: int = MANY_ROWS) -> torch.Tensor:
     """`rows` random rows (N(0, 9)) with hard cases in front: every value equal, ascending values (the top
     k in one thread's registers), repeated maxima, a tie at the top of a thread, and -0 / +0; then every
@@ -702,11 +705,10 @@ def test_rows_kernel_on_many_rows(n, k, dtype):
     to the lower index, NaN first), NaN exactly where it has NaN, values within 2x torch's error on the finite
     rows; aligned and misaligned (scalar loads), renormalized or not."""
     x = many_rows_with_hard_cases(n, dtype, seed=n * 10 + k).cuda()
-    special = 5 + len(SPECIAL_ROWS)
     for data, renormalize in ((x, False), (misaligned(x), True)):
         check_reference_order(data, k, "rows", renormalize)
         with softmax_ops.force_kernel("topk", "rows"):
-            check_topk(data[special:], k, -1, renormalize)
+            check_topk(data[HARD_ROWS:], k, -1, renormalize)
 
 
 # 16-bit rows of whole 16-byte vectors with k > 2 on many rows run in batches (topk_dispatch.cpp, rows_batch_*):
@@ -715,12 +717,30 @@ def test_rows_kernel_on_many_rows(n, k, dtype):
 BATCHED_ROWS_CASES = [(136, 3), (136, 8), (200, 6), (256, 8), (264, 4), (384, 8), (504, 5), (512, 8)]
 
 
+def sm_count() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count
+
+
+def fewest_row_threads(n: int) -> int:
+    """The fewest rows-kernel threads that hold a row of n in 32 slots each (a power of two)."""
+    return 1 << (-(-n // 32) - 1).bit_length()
+
+
+def check_planned_rows(x: torch.Tensor, k: int, plain_from: int, float32_renormalize: bool) -> None:
+    """fused_topk on x with the dispatcher's own plan: the reference order on every row (x, renormalized, and a
+    misaligned copy, which runs the plain instance), values within 2x torch's error from row plain_from on, and
+    float32 probabilities from the 16-bit logits."""
+    for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
+        check_reference_order(data, k, "rows", renormalize)
+        check_topk(data[plain_from:], k, -1, renormalize)
+    check_topk(x[plain_from:], k, -1, float32_renormalize, torch.float32)
+
+
 def rows_in_batches(n: int) -> int:
     """Enough rows for the dispatcher to run rows of n in batches on this GPU (24 warps per SM at half the
     threads that hold a row)."""
-    half = max(1, (1 << (-(-n // 32) - 1).bit_length()) // 2)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return -(-24 * sms * 32 // half) + 64  # + 64: the rows past the hard and special ones still qualify
+    half = max(1, fewest_row_threads(n) // 2)
+    return -(-24 * sm_count() * 32 // half) + 64  # + 64: the rows past the hard and special ones still qualify
 
 
 @requires_cuda
@@ -733,12 +753,8 @@ def test_rows_kernel_in_batches(n, k, dtype):
     rows = rows_in_batches(n)
     assert "batches of 32 values" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, dtype, seed=n * 10 + k, rows=rows).cuda()
-    special = 5 + len(SPECIAL_ROWS)
-    x[special, n - 1] = float("nan")  # NaN in a last batch: the reload of every batch
-    for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
-        check_reference_order(data, k, "rows", renormalize)
-        check_topk(data[special + 1 :], k, -1, renormalize)
-    check_topk(x[special + 1 :], k, -1, True, torch.float32)  # 16-bit logits, float32 probabilities
+    x[HARD_ROWS, n - 1] = float("nan")  # NaN in a last batch: the reload of every batch
+    check_planned_rows(x, k, HARD_ROWS + 1, float32_renormalize=True)
 
 
 # 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run staged on many rows (topk_dispatch.cpp,
@@ -751,9 +767,7 @@ STAGED_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160
 def staged_rows(n: int) -> int:
     """Rows of n that keep the fewest threads holding a row on this GPU (8 warps per SM: the dispatcher's few-row
     doubling stops there)."""
-    fewest = 1 << (-(-n // 32) - 1).bit_length()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    return -(-8 * sms * 32 // fewest) + 64
+    return -(-8 * sm_count() * 32 // fewest_row_threads(n)) + 64
 
 
 @requires_cuda
@@ -767,11 +781,7 @@ def test_rows_kernel_staged(n, k, dtype):
     rows = 4096 if n == 512 else max(MANY_ROWS, staged_rows(n))
     assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, dtype, seed=n * 100 + k, rows=rows).cuda()
-    special = 5 + len(SPECIAL_ROWS)
-    for data, renormalize in ((x, False), (x, True), (misaligned(x), True)):
-        check_reference_order(data, k, "rows", renormalize)
-        check_topk(data[special:], k, -1, renormalize)
-    check_topk(x[special:], k, -1, False, torch.float32)
+    check_planned_rows(x, k, HARD_ROWS, float32_renormalize=False)
 
 
 @requires_cuda
@@ -781,16 +791,14 @@ def test_rows_kernel_staged_walks_several_groups(dtype):
     one (the staging buffer reused), the last group partial; hard and special rows in the first group and again in
     the last rows, where the NaN / +inf reload runs with a copy in flight."""
     n, k = 128, 8  # 4 threads per row, 32 rows per CTA
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = 2 * 8 * sms * 32 + 5  # two groups per resident CTA (8 per SM) and a partial one
+    rows = 2 * 8 * sm_count() * 32 + 5  # two groups per resident CTA (8 per SM) and a partial one
     assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
     x = many_rows_with_hard_cases(n, torch.float64, seed=7, rows=rows)
-    hard = 5 + len(SPECIAL_ROWS)
-    x[-hard:] = x[:hard]
+    x[-HARD_ROWS:] = x[:HARD_ROWS]
     x = x.to(dtype).cuda()
     for renormalize in (False, True):
         check_reference_order(x, k, "rows", renormalize)
-        check_topk(x[hard:-hard], k, -1, renormalize)
+        check_topk(x[HARD_ROWS:-HARD_ROWS], k, -1, renormalize)
 
 
 @requires_cuda

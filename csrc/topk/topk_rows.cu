@@ -489,6 +489,15 @@ __device__ __forceinline__ float word_value(typename Wd::W w, int) {
 // merged. Fewer threads per row than a row of N / kSlots threads need fewer merges across them: each is K
 // shuffles and a merge network, where a thread adds a group of 8 more values with 8 / K sorts of K and merges.
 // Returns the row's (max, sum); list: the row's top-K words in every thread of the row.
+// Calls visit(first, fresh) for the first column of each batch of span columns of a row of n: fresh is
+// std::true_type for the first batch (it starts the list), std::false_type for the rest.
+template <typename Visit>
+__device__ __forceinline__ void for_each_batch(int n, int span, Visit&& visit) {
+  visit(0, std::true_type{});
+#pragma unroll 1
+  for (int first = span; first < n; first += span) visit(first, std::false_type{});
+}
+
 template <int K, typename TIn>
 __device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int n, bool active, int t, int T,
                                                               typename Words<TIn>::W (&list)[K]) {
@@ -496,17 +505,14 @@ __device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int
   const int span = T * kSlots;
   RowStats<float> stats = empty_stats<float>();
   // The first batch starts the list; a batch's terms are shifted by the running max including the batch.
-  const auto add_batch = [&](int first, auto fresh) {
+  for_each_batch(n, span, [&](int first, auto fresh) {
     RowSlots<TIn, true> at(min(span, n - first), t, T, first);
     at.load(xr + first, min(span, n - first), active);
     raise_max(stats, at.max_value());  // NaN dropped, as by fmaxf
     float part;
     add_slots<K, false, Wd, decltype(fresh)::value>(at, term_shift(stats), &part, list);
     stats.sum += part;
-  };
-  add_batch(0, std::true_type{});
-#pragma unroll 1
-  for (int first = span; first < n; first += span) add_batch(first, std::false_type{});
+  });
   // The row's max first, then each thread's sum rescaled once to it and added up: the same operands in every
   // thread of the row at every step (a + b == b + a), so every thread gets the same (max, sum) bits, which a
   // pairwise merge_stats does not promise (its products may contract into either side's fma).
@@ -518,14 +524,11 @@ __device__ __forceinline__ RowStats<float> select_row_batched(const TIn* xr, int
   merge_row_lists(list, T);
   // NaN or +inf somewhere in the row (sum NaN): the fast keys may have ranked NaNs apart. Warp-uniform.
   if (__any_sync(kFullMask, stats.sum != stats.sum)) {
-    const auto reselect_batch = [&](int first, auto fresh) {
+    for_each_batch(n, span, [&](int first, auto fresh) {
       RowSlots<TIn, true> at(min(span, n - first), t, T, first);
       at.load(xr + first, min(span, n - first), active);
       add_slots<K, true, Wd, decltype(fresh)::value>(at, 0.0f, nullptr, list);
-    };
-    reselect_batch(0, std::true_type{});
-#pragma unroll 1
-    for (int first = span; first < n; first += span) reselect_batch(first, std::false_type{});
+    });
     merge_row_lists(list, T);
   }
   return stats;
@@ -722,35 +725,27 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
                                                  : topk_rows_kernel<TIn, TOut, kK, true, false>)
                                         : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
                                                  : topk_rows_kernel<TIn, TOut, kK, false, false>);
-        // Staged instances where the plan asks for them and the rows take them (as for batches, rows_batches_fit;
-        // a misaligned pointer runs the plain instance): a persistent grid of the CTAs the register budget fits
-        // per SM.
+        const int64_t rows_per_block = kRowsThreads / T;
+        int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;  // a CTA per group of rows
+        // Batched and staged instances (16-bit vector rows, K >= 4) only where rows_batches_fit: for batches it was
+        // checked above; a staged plan for a misaligned pointer runs the plain instance. Staged: a persistent grid
+        // of the CTAs the register budget fits per SM, each walking groups.
         if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
-          if (plan.staged && !batched && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
-            const auto staged_kernel = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
+          if (batched) {
+            kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
+          } else if (plan.staged && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
+            kernel = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
             int device = 0;
             int sms = 0;
             cudaError_t status = cudaGetDevice(&device);
             if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
             if (status != cudaSuccess) return status;
-            const int64_t rows_per_block = kRowsThreads / T;
-            const int64_t groups = (problem.rows + rows_per_block - 1) / rows_per_block;
             constexpr int64_t kPerSm = kRowsMinBlocks<TIn, kK, true, false, true>;
-            const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(groups, sms * kPerSm));
-            staged_kernel<<<static_cast<unsigned>(grid), kRowsThreads, 0, stream>>>(
-                static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
-                static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize);
-            return cudaGetLastError();
+            blocks = std::min<int64_t>(blocks, sms * kPerSm);
           }
-        }
-        // Batched instances only where rows_batches_fit (checked above): 16-bit vector rows, K >= 4.
-        if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
-          if (batched) kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
         } else if (batched) {
           return cudaErrorInvalidValue;  // never reached while rows_batches_fit matches the instances
         }
-        const int64_t rows_per_block = kRowsThreads / T;
-        const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;
         kernel<<<static_cast<unsigned>(blocks), kRowsThreads, 0, stream>>>(
             static_cast<const TIn*>(ptrs.x), static_cast<TOut*>(ptrs.values), ptrs.indices, problem.rows,
             static_cast<int>(problem.n), static_cast<int>(problem.k), T, problem.renormalize);
