@@ -23,7 +23,8 @@ BACKWARD_KERNELS = ["block", "split"]
 
 # Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
 # kernel holds 32 values per lane (16 for float64), 1..32 lanes per row; block/split_row read tiles of 4096
-# elements (split_row and split_hist chunks are whole tiles) and refresh their floor in rows of >= 8 tiles;
+# elements (split_row chunks are whole tiles; its long tiles, test_split_row_chunks_of_several_long_tiles) and
+# refresh their floor in rows of >= 8 tiles;
 # radix splits rows into chunks.
 WARP_NS = [2, 7, 31, 32, 33, 60, 64, 100, 128, 160, 384, 512, 513, 1000, 1024]
 WARP_MAX_N = {torch.float64: 512}  # default 1024
@@ -520,6 +521,34 @@ def test_chunk_producer_long_special_rows(kernel, dtype):
             values, ref_values = check_reference_order(x, k, kernel, renormalize)
             finite = ~torch.isnan(ref_values)
             assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_split_row_chunks_of_several_long_tiles(dtype):
+    """split_row as the dispatcher plans it for many long rows (2 CTAs per SM over all rows: few chunks per row of
+    5 long tiles for 16-bit rows, TopkPlan::long_tiles, the last one partial; float32 / float64 10 short ones):
+    long_special_rows among random rows, aligned, one element off a 16-byte boundary and not a whole number of
+    vectors (both peeled: tiles over each row's body; float64 reads single elements); indices in the reference
+    order, NaN where the reference has it, the other values close."""
+    rows = 2 * sm_count() // 5  # 5 chunks per row
+    n = 200_000
+    text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=50)
+    chunk = int(re.search(r"CTAs per row of (\d+) elements", text).group(1))
+    tile = 8192 if dtype in (torch.float16, torch.bfloat16) else 4096
+    assert "kernel 'split_row'" in text and f"in tiles of {tile}," in text, text
+    assert chunk >= 4 * tile and chunk % tile == 0 and n % chunk % tile > 0, text
+    tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
+    for length in (n, n + 3):
+        special = long_special_rows(length)
+        noise = torch.randn(rows - len(special), length, generator=torch.Generator().manual_seed(length)) * 3
+        x = torch.cat([special, noise.double()]).to(dtype).cuda()
+        layouts = (x, misaligned(x)) if length == n else (x,)
+        for layout in layouts:
+            for k in (1, 50, 256) if layout is x and length == n else (50,):
+                values, ref_values = check_reference_order(layout, k, "split_row", renormalize=k == 50)
+                finite = ~torch.isnan(ref_values)
+                assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
 
 
 def rising_rows(tiles: int, tail: int) -> torch.Tensor:

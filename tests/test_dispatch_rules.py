@@ -260,6 +260,22 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     assert shape[0] * ctas_per_row <= 2 * SM_COUNT
 
 
+@pytest.mark.parametrize("shape,k,dtype,tile", [
+    ((64, 151936), 50, torch.float16, 8192),   # chunks of 40960: 30.4 -> 27.7 us
+    ((64, 151935), 50, torch.bfloat16, 8192),  # peeled rows too
+    ((64, 98304), 50, torch.float16, 8192),    # chunks of 24576, 3 long tiles: 25.1 -> 24.3
+    ((48, 100000), 50, torch.float16, 4096),   # chunks of 20480, 2.5 long tiles: 24.8 -> 25.6 with them
+    ((16, 262144), 50, torch.bfloat16, 4096),  # chunks of 16384
+    ((64, 151936), 50, torch.float32, 4096),   # float32: -0.5% here, +3..+8% elsewhere
+])
+def test_fused_topk_split_row_long_tiles_for_16_bit_chunks_of_3_tiles(shape, k, dtype, tile):
+    """csrc/topk/topk_dispatch.cpp, split_row_long_tile_min_chunk: 16-bit chunks of at least 3 x 8192 elements
+    read tiles of 8192 (H100, session 30: -3..-9% from 3 tiles a chunk, +1..+3% at 2-2.5)."""
+    with softmax_ops.force_kernel("topk", "split_row"):
+        text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert "kernel 'split_row'" in text and f"elements in tiles of {tile}," in text, text
+
+
 @pytest.mark.parametrize("shape,k,dtype,threads", [
     ((65536, 256), 8, torch.float16, 4),     # 35.1 -> 33.4 us in two batches
     ((25344, 256), 8, torch.float16, 4),     # exactly 24 warps per SM at 4 threads

@@ -103,16 +103,24 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
   return count;
 }
 
+// split_row's tile and register budget: long tiles (TopkPlan::long_tiles), with the next one in flight, hold twice
+// the registers, and split_row runs at most 2 CTAs per SM (split_row_max_ctas_per_sm).
+template <bool kLongTiles>
+constexpr int kSplitRowTile = kLongTiles ? kSplitRowLongTileElems : kTileElems;
+template <typename TIn, bool kLongTiles>
+constexpr int kSplitRowMinCtasPerSm = kLongTiles ? 2 : kBlockMinCtasPerSm<TIn>;
+
 // One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum) into the workspace;
 // the CTA that finishes its row last merges the row and writes it (one launch, no second kernel).
 // kPeel: chunk p covers [head + p * chunk, head + (p + 1) * chunk) of the row's body, the last one to the body's
 // end (at most 2 (V - 1) more, see peeled_split_count), and chunk 0 also holds the edges.
-template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false>
-__global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false, bool kLongTiles = false>
+__global__ void __launch_bounds__(kBlockThreads, (kSplitRowMinCtasPerSm<TIn, kLongTiles>))
     topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                           int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
                           SplitWorkspace<compute_t<TIn>> ws) {
-  using Chunk = ChunkTopk<TIn, kVectorLoads>;
+  static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
+  using Chunk = ChunkTopk<TIn, kVectorLoads, kSplitRowTile<kLongTiles>>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   using Cand = typename Ops::Type;
@@ -162,13 +170,14 @@ __global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
-template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel>
+// kLongTiles: split_row's long-tile instances (the plan's long_tiles, where the instance reads vectors).
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel, bool kLongTiles = false>
 cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                                  cudaStream_t stream) {
   using C = compute_t<TIn>;
   using Cand = typename CandFor<C>::Type;
   const int k = static_cast<int>(problem.k);
-  const int cap = static_cast<int>(candidate_capacity(problem.k));
+  const int cap = static_cast<int>(candidate_capacity(problem.k, kSplitRowTile<kLongTiles>));
   const size_t smem = static_cast<size_t>(cap) * sizeof(Cand);
   const auto* x = static_cast<const TIn*>(ptrs.x);
   auto* values = static_cast<TOut*>(ptrs.values);
@@ -195,7 +204,7 @@ cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& pla
   // before they take a ticket.
   cudaError_t err = launch_zero_words(ws.tickets, problem.rows, stream);
   if (err != cudaSuccess) return err;
-  const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads, kPeel>;
+  const auto kernel = topk_split_row_kernel<TIn, TOut, kVectorLoads, kPeel, kLongTiles>;
   err = allow_dynamic_smem(kernel, smem);
   if (err != cudaSuccess) return err;
   bool programmatic = false;
@@ -214,8 +223,19 @@ cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, 
     using TOut = typename decltype(out_tag)::type;
     constexpr bool kVectorLoads = decltype(vector_loads)::value;
     // Peeled instances for the types the dispatcher peels (peel_min_n_for): float64 is not a speed target.
-    if constexpr (!kVectorLoads && !std::is_same_v<TIn, double>) {
-      if (plan.peel) return launch_block_kernels<TIn, TOut, true, true>(problem, plan, ptrs, stream);
+    constexpr bool kPeelable = !std::is_same_v<TIn, double>;
+    // split_row's long tiles for 16-bit rows read in vectors (aligned or peeled); scalar loads keep short ones.
+    constexpr bool kLongTilesFit = sizeof(TIn) == 2;
+    const bool peel = !kVectorLoads && plan.peel;
+    const bool long_tiles = plan.long_tiles && plan.kernel == TopkKernel::kSplitRow && (kVectorLoads || peel);
+    if constexpr (kLongTilesFit) {
+      if (long_tiles) {
+        return peel ? launch_block_kernels<TIn, TOut, true, true, true>(problem, plan, ptrs, stream)
+                    : launch_block_kernels<TIn, TOut, true, false, true>(problem, plan, ptrs, stream);
+      }
+    }
+    if constexpr (!kVectorLoads && kPeelable) {
+      if (peel) return launch_block_kernels<TIn, TOut, true, true>(problem, plan, ptrs, stream);
     }
     return launch_block_kernels<TIn, TOut, kVectorLoads, false>(problem, plan, ptrs, stream);
   });

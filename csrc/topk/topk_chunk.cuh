@@ -14,7 +14,8 @@
 //     smallest of the warps' ceil(k / W)-th best: at least k distinct values reach it), so a row with small
 //     k never floods the buffer; long ranges refresh it after 2, 4, 8, ... tiles, and after the last tile
 //     the same floor over the whole range compacts the buffer before the final select.
-// Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTileElems / (T*V) vectors per thread):
+// Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTile / (T*V) vectors per thread; kTile is kTileElems
+// but for split_row's long tiles, TopkPlan::long_tiles):
 //   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
 //   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
 // Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them). Take-mask
@@ -78,17 +79,18 @@ __device__ __forceinline__ EdgeValue<compute_t<TIn>> edge_value(const TIn* row, 
 
 // kVectorLoads: the rows are 16-byte aligned (see the layout above). A template parameter so that every
 // tile offset is the thread's base plus a constant: as a run-time flag the compiler kept the 16 offsets of
-// both layouts in registers across the tile loop.
-template <typename TIn, bool kVectorLoads>
+// both layouts in registers across the tile loop. kTile: elements per tile (a thread holds kTile / T of them,
+// at most 32: one take-mask bit each).
+template <typename TIn, bool kVectorLoads, int kTile = kTileElems>
 struct ChunkTopk {
   using C = compute_t<TIn>;
   using Ops = CandFor<C>;
   using Cand = typename Ops::Type;
   using Key = typename OrderKey<C>::Key;
   static constexpr int V = 16 / sizeof(TIn);
-  static constexpr int U = kTileElems / (kBlockThreads * V);
+  static constexpr int U = kTile / (kBlockThreads * V);
   static constexpr int kPerThread = U * V;  // values of one thread per tile, one take-mask bit each
-  static_assert(U >= 1 && U * kBlockThreads * V == kTileElems, "tile must be a whole number of vectors");
+  static_assert(U >= 1 && U * kBlockThreads * V == kTile, "tile must be a whole number of vectors");
   static_assert(kPerThread <= 32 && (kPerThread & (kPerThread - 1)) == 0, "one mask bit per value");
   // Keep the next tile in flight while filtering this one (U x 16 bytes of registers more) where it fits in
   // 64 registers: 16-byte loads of 2- and 4-byte types. The scalar-load fallback (misaligned rows) needs a
@@ -128,7 +130,7 @@ struct ChunkTopk {
   template <bool kStream = true>
   static __device__ __forceinline__ void load_tile(const TIn* x, int valid, RawTile& t) {
     constexpr ElementBits<TIn> kPad = neg_inf_bits<TIn>();
-    if (kVectorLoads && valid >= kTileElems) {  // a whole tile: no predicates, no padding moves
+    if (kVectorLoads && valid >= kTile) {  // a whole tile: no predicates, no padding moves
 #pragma unroll
       for (int u = 0; u < U; ++u) t.w[u] = load_raw16<TIn, kStream>(x + tile_offset(u, 0));
       return;
@@ -379,10 +381,10 @@ struct ChunkTopk {
   // because the threshold came earlier in the row: a tail value in the buffer from the start broke that (a body
   // value tied with a tail threshold ranks above it). Until then the tail waits in the buffer's last V - 1 slots.
   //
-  // Overflow: before every tile s.count <= cap - kTileElems holds, since a tile appends at most kTileElems.
+  // Overflow: before every tile s.count <= cap - kTile holds, since a tile appends at most kTile.
   // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
-  // added at most kPerThread. Only when it passes cap - kTileElems (the next tile could overflow) is the
-  // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTileElems =
+  // added at most kPerThread. Only when it passes cap - kTile (the next tile could overflow) is the
+  // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTile =
   // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
   template <bool kEdges = false>
   static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
@@ -394,12 +396,12 @@ struct ChunkTopk {
     C bound = quiet_nan<C>();
     bool closed = false;  // the threshold is a NaN: no later value can rank above it
     int fill_bound = 0;
-    const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTileElems;
+    const bool refresh = k <= kBlockThreads && hi - lo >= kRefreshMinTiles * kTile;
     // The tile to load next, as a pointer bumped once per tile: recomputed from x and t0, its 64-bit address
     // took ~20 instructions per tile (SASS).
     const TIn* next_x = x + lo;
     RawTile next;
-    if constexpr (kPrefetch) load_tile(next_x, min(hi - lo, kTileElems), next);
+    if constexpr (kPrefetch) load_tile(next_x, min(hi - lo, kTile), next);
     if constexpr (kEdges) {
       // After the first tile's loads are issued: in front of them, waiting for the edge's load cost a second
       // DRAM latency per CTA (H100, session 20 call 1: 4096 x 4095 k32 fp32 +10%, one tile per row).
@@ -422,19 +424,19 @@ struct ChunkTopk {
     }
     // The buffer's room for the tile loop: a peeled row's tail holds the last V - 1 slots until after the loop.
     const int loop_cap = kEdges ? cap - (V - 1) : cap;
-    // Leaves through the break after the last tile (lo < hi), before t0 + kTileElems could pass 2^31 - 1.
-    for (int t0 = lo;; t0 += kTileElems) {
-      const int valid = min(hi - t0, kTileElems);
-      const bool more = hi - t0 > kTileElems;
+    // Leaves through the break after the last tile (lo < hi), before t0 + kTile could pass 2^31 - 1.
+    for (int t0 = lo;; t0 += kTile) {
+      const int valid = min(hi - t0, kTile);
+      const bool more = hi - t0 > kTile;
       RawTile cur;
       if constexpr (kPrefetch) {
         cur = next;
-        next_x += kTileElems;
+        next_x += kTile;
         // The next tile's loads fly while this one is folded, filtered and appended (and during its barrier).
-        if (more) load_tile(next_x, min(hi - t0 - kTileElems, kTileElems), next);
+        if (more) load_tile(next_x, min(hi - t0 - kTile, kTile), next);
       } else {
         load_tile(next_x, valid, cur);
-        next_x += kTileElems;
+        next_x += kTile;
       }
       const C tile_max = raw_tile_max(cur);
       if (t0 == lo) bound = first_tile_bound(tile_max, k, s);
@@ -442,20 +444,20 @@ struct ChunkTopk {
       // The floor again from the running maxima after 2, 4, 8, ... tiles of a range of at least
       // kRefreshMinTiles: each doubling of the values behind the maxima about halves the values of later tiles
       // that pass it (fewer appends and compactions).
-      const int tile = (t0 - lo) / kTileElems;
+      const int tile = (t0 - lo) / kTile;
       if (refresh && tile >= 2 && (tile & (tile - 1)) == 0) {
         bound = tighter_bound(bound, maxima_floor_bound(stats.max, k, s));
       }
 
       uint32_t take = closed ? 0u : raw_tile_take(cur, bound);
-      if (valid < kTileElems) take &= raw_valid_mask(valid);
+      if (valid < kTile) take &= raw_valid_mask(valid);
       const int appended = append_selected<Ops, Reserve::kPerLane>(buf, &s.count, take,
                                                 [&](int b) { return raw_candidate(cur, b, t0); });
       if (!more) break;  // the final selection below reads the exact count
       fill_bound += kPerThread * __syncthreads_count(appended > 0);
-      if (fill_bound > loop_cap - kTileElems) {
+      if (fill_bound > loop_cap - kTile) {
         const int count = s.count;
-        if (count > loop_cap - kTileElems) {
+        if (count > loop_cap - kTile) {
           const Cand threshold = block_radix_threshold<Ops, kSideList>(buf, count, k, s);
           fill_bound = block_compact<Ops>(buf, count, threshold, s);
           bound = filter_bound<C>(Ops::key(threshold));

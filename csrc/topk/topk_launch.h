@@ -81,6 +81,10 @@ inline bool rows_batches_fit(DType in, int64_t k, bool vector_loads) {
 // block / split_row: 256-thread CTAs reading tiles of 4096 elements (16 B per thread per unrolled step).
 constexpr int kBlockThreads = 256;
 constexpr int kTileElems = 4096;
+// ... except where split_row's plan says long_tiles (16-bit rows read in 16-byte vectors, chunks of several
+// tiles): a CTA streams its chunk one tile behind a barrier, and split_row has at most 2 CTAs per SM
+// (split_row_max_ctas_per_sm), so the bytes in flight per SM are about 2 tiles.
+constexpr int kSplitRowLongTileElems = 2 * kTileElems;
 // Candidates the split_row merge (the last CTA of a row) streams per step (8 per thread).
 constexpr int kMergeChunk = kBlockThreads * 8;
 // Free slots kept beyond k + one tile, so that a compaction runs only after this many insertions.
@@ -92,11 +96,11 @@ constexpr size_t kBlockStaticSmem = 3072;  // BlockScratch (topk_block.cu), with
 inline size_t candidate_bytes(DType in) { return in == DType::kFloat64 ? 16 : 8; }
 // Candidate buffer entries: room for k + one tile (+ slack) between compactions, and a power of two >= k
 // for the final bitonic sort.
-inline int64_t candidate_capacity(int64_t k) {
-  return std::max<int64_t>(next_pow2(k), k + kTileElems + kCandidateSlack);
+inline int64_t candidate_capacity(int64_t k, int tile = kTileElems) {
+  return std::max<int64_t>(next_pow2(k), k + tile + kCandidateSlack);
 }
-inline size_t block_dynamic_smem_bytes(DType in, int64_t k) {
-  return static_cast<size_t>(candidate_capacity(k)) * candidate_bytes(in);
+inline size_t block_dynamic_smem_bytes(DType in, int64_t k, int tile = kTileElems) {
+  return static_cast<size_t>(candidate_capacity(k, tile)) * candidate_bytes(in);
 }
 
 // Rows split into chunks (split_row, split_hist, radix, the backward's split): ceil(n / splits) rounded up to a
@@ -209,6 +213,7 @@ struct TopkPlan {
   int64_t peel_min_n = 0;       // block / split_row: rows of at least this many elements that are not vector_loads
                                 // read each row's body in vectors (RowEdges); 0: never
   bool peel = false;            // the launcher's decision from peel_min_n and the pointer
+  bool long_tiles = false;      // split_row: tiles of kSplitRowLongTileElems where the rows are read in vectors
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
   size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };
