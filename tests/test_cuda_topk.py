@@ -551,6 +551,24 @@ def test_split_row_chunks_of_several_long_tiles(dtype):
                 assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
 
 
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_block_kernel_short_tiles_on_many_long_16_bit_rows(dtype):
+    """The block kernel's 4096-element tiles on 16-bit rows long enough for long tiles, where more than 2 rows per SM
+    keep them short (block_long_tile_max_rows_per_sm): the floor refreshes (>= 8 tiles) and long_special_rows'
+    compactions in those instances, which the few-row tests above no longer reach."""
+    rows, n = 2 * sm_count() + 1, 40_000
+    text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=50)
+    assert "kernel 'block' (one 256-thread CTA per row in tiles of 4096," in text, text
+    special = long_special_rows(n)
+    noise = torch.randn(rows - len(special), n, generator=torch.Generator().manual_seed(n)) * 3
+    x = torch.cat([special, noise.double()]).to(dtype).cuda()
+    for k in (1, 50):
+        values, ref_values = check_reference_order(x, k, "block", renormalize=k == 50)
+        finite = ~torch.isnan(ref_values)
+        assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=1e-2)
+
+
 def rising_rows(tiles: int, tail: int) -> torch.Tensor:
     """float64 rows of tiles * 4096 + tail values whose maximum rises tile after tile (by 3 and by 20 per tile:
     the chunk producer's threads rescale their sums on most tiles), one dominant value in the first tile over

@@ -269,11 +269,28 @@ def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_ro
     ((64, 151936), 50, torch.float32, 4096),   # float32: -0.5% here, +3..+8% elsewhere
 ])
 def test_fused_topk_split_row_long_tiles_for_16_bit_chunks_of_3_tiles(shape, k, dtype, tile):
-    """csrc/topk/topk_dispatch.cpp, split_row_long_tile_min_chunk: 16-bit chunks of at least 3 x 8192 elements
+    """csrc/topk/topk_dispatch.cpp, long_tile_min_elems: 16-bit chunks of at least 3 x 8192 elements
     read tiles of 8192 (H100, session 30: -3..-9% from 3 tiles a chunk, +1..+3% at 2-2.5)."""
     with softmax_ops.force_kernel("topk", "split_row"):
         text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
     assert "kernel 'split_row'" in text and f"elements in tiles of {tile}," in text, text
+
+
+@pytest.mark.parametrize("shape,k,dtype,tile", [
+    ((80, 100000), 50, torch.float16, 8192),        # 28.4 -> 23.5 us
+    ((2 * SM_COUNT, 50000), 50, torch.bfloat16, 8192),  # 2 rows per SM: -4..-5%
+    ((2 * SM_COUNT + 1, 50000), 50, torch.float16, 4096),
+    ((1024, 50000), 50, torch.float16, 4096),       # 58.0 -> 66.5 with long tiles
+    ((128, 24576), 64, torch.float16, 8192),        # 3 long tiles a row
+    ((128, 24575), 64, torch.float16, 4096),
+    ((80, 100000), 50, torch.float32, 4096),
+])
+def test_fused_topk_block_long_tiles_for_up_to_2_rows_per_sm(shape, k, dtype, tile):
+    """csrc/topk/topk_dispatch.cpp, block_long_tile_max_rows_per_sm: the block kernel reads 16-bit rows of at least
+    3 x 8192 elements in tiles of 8192 where it has at most 2 rows per SM (H100, session 30: -4..-17% on 80-264
+    rows, +11..+14% on 512-1024)."""
+    text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert f"kernel 'block' (one 256-thread CTA per row in tiles of {tile}," in text, text
 
 
 @pytest.mark.parametrize("shape,k,dtype,threads", [

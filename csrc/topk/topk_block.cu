@@ -19,12 +19,20 @@ __device__ __forceinline__ RowEdges<detail::kVec16<TIn>> peeled_row_edges(const 
   return row_edges_at<detail::kVec16<TIn>>(start, n);
 }
 
+// The tile and register budget of block / split_row instances: long tiles (TopkPlan::long_tiles), with the next one
+// in flight, hold twice the registers; they run where a plan has at most 2 CTAs per SM anyway.
+template <bool kLongTiles>
+constexpr int kBlockFamilyTile = kLongTiles ? kLongTileElems : kTileElems;
+template <typename TIn, bool kLongTiles>
+constexpr int kBlockFamilyMinCtasPerSm = kLongTiles ? 2 : kBlockMinCtasPerSm<TIn>;
+
 // kPeel (with kVectorLoads): each row's body in vector tiles, its edges one per thread (topk_chunk.cuh).
-template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false>
-__global__ void __launch_bounds__(kBlockThreads, kBlockMinCtasPerSm<TIn>)
+template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false, bool kLongTiles = false>
+__global__ void __launch_bounds__(kBlockThreads, (kBlockFamilyMinCtasPerSm<TIn, kLongTiles>))
     topk_block_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices, int64_t n,
                       int k, int cap, bool renormalize) {
-  using Chunk = ChunkTopk<TIn, kVectorLoads>;
+  static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
+  using Chunk = ChunkTopk<TIn, kVectorLoads, kBlockFamilyTile<kLongTiles>>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
@@ -103,24 +111,17 @@ __device__ int merge_chunk_candidates(const typename Ops::Type* row_cand, int sp
   return count;
 }
 
-// split_row's tile and register budget: long tiles (TopkPlan::long_tiles), with the next one in flight, hold twice
-// the registers, and split_row runs at most 2 CTAs per SM (split_row_max_ctas_per_sm).
-template <bool kLongTiles>
-constexpr int kSplitRowTile = kLongTiles ? kSplitRowLongTileElems : kTileElems;
-template <typename TIn, bool kLongTiles>
-constexpr int kSplitRowMinCtasPerSm = kLongTiles ? 2 : kBlockMinCtasPerSm<TIn>;
-
 // One CTA per (row, chunk): the chunk's k best (padded with none) and its (max, sum) into the workspace;
 // the CTA that finishes its row last merges the row and writes it (one launch, no second kernel).
 // kPeel: chunk p covers [head + p * chunk, head + (p + 1) * chunk) of the row's body, the last one to the body's
 // end (at most 2 (V - 1) more, see peeled_split_count), and chunk 0 also holds the edges.
 template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false, bool kLongTiles = false>
-__global__ void __launch_bounds__(kBlockThreads, (kSplitRowMinCtasPerSm<TIn, kLongTiles>))
+__global__ void __launch_bounds__(kBlockThreads, (kBlockFamilyMinCtasPerSm<TIn, kLongTiles>))
     topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                           int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
                           SplitWorkspace<compute_t<TIn>> ws) {
   static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
-  using Chunk = ChunkTopk<TIn, kVectorLoads, kSplitRowTile<kLongTiles>>;
+  using Chunk = ChunkTopk<TIn, kVectorLoads, kBlockFamilyTile<kLongTiles>>;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   using Cand = typename Ops::Type;
@@ -170,19 +171,19 @@ __global__ void __launch_bounds__(kBlockThreads, (kSplitRowMinCtasPerSm<TIn, kLo
   write_sorted_topk<Ops>(buf, count, k, stats, renormalize, values + row * k, indices + row * k, scratch.sums);
 }
 
-// kLongTiles: split_row's long-tile instances (the plan's long_tiles, where the instance reads vectors).
+// kLongTiles: the long-tile instances (the plan's long_tiles, where the instance reads vectors).
 template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel, bool kLongTiles = false>
 cudaError_t launch_block_kernels(const TopkProblem& problem, const TopkPlan& plan, const TopkPointers& ptrs,
                                  cudaStream_t stream) {
   using C = compute_t<TIn>;
   using Cand = typename CandFor<C>::Type;
   const int k = static_cast<int>(problem.k);
-  const int cap = static_cast<int>(candidate_capacity(problem.k, kSplitRowTile<kLongTiles>));
+  const int cap = static_cast<int>(candidate_capacity(problem.k, kBlockFamilyTile<kLongTiles>));
   const size_t smem = static_cast<size_t>(cap) * sizeof(Cand);
   const auto* x = static_cast<const TIn*>(ptrs.x);
   auto* values = static_cast<TOut*>(ptrs.values);
   if (plan.kernel == TopkKernel::kBlock) {
-    const auto kernel = topk_block_kernel<TIn, TOut, kVectorLoads, kPeel>;
+    const auto kernel = topk_block_kernel<TIn, TOut, kVectorLoads, kPeel, kLongTiles>;
     cudaError_t err = allow_dynamic_smem(kernel, smem);
     if (err != cudaSuccess) return err;
     kernel<<<static_cast<unsigned>(problem.rows), kBlockThreads, smem, stream>>>(x, values, ptrs.indices, problem.n, k,
@@ -224,10 +225,10 @@ cudaError_t launch_topk_block(const TopkProblem& problem, const TopkPlan& plan, 
     constexpr bool kVectorLoads = decltype(vector_loads)::value;
     // Peeled instances for the types the dispatcher peels (peel_min_n_for): float64 is not a speed target.
     constexpr bool kPeelable = !std::is_same_v<TIn, double>;
-    // split_row's long tiles for 16-bit rows read in vectors (aligned or peeled); scalar loads keep short ones.
+    // Long tiles for 16-bit rows read in vectors (aligned or peeled); scalar loads keep short ones.
     constexpr bool kLongTilesFit = sizeof(TIn) == 2;
     const bool peel = !kVectorLoads && plan.peel;
-    const bool long_tiles = plan.long_tiles && plan.kernel == TopkKernel::kSplitRow && (kVectorLoads || peel);
+    const bool long_tiles = plan.long_tiles && (kVectorLoads || peel);
     if constexpr (kLongTilesFit) {
       if (long_tiles) {
         return peel ? launch_block_kernels<TIn, TOut, true, true, true>(problem, plan, ptrs, stream)

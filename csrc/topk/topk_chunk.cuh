@@ -15,7 +15,7 @@
 //     k never floods the buffer; long ranges refresh it after 2, 4, 8, ... tiles, and after the last tile
 //     the same floor over the whole range compacts the buffer before the final select.
 // Tile layout (T = kBlockThreads, V = 16-byte vector, U = kTile / (T*V) vectors per thread; kTile is kTileElems
-// but for split_row's long tiles, TopkPlan::long_tiles):
+// but for long tiles, TopkPlan::long_tiles):
 //   vector loads: thread t, step u, element j -> tile offset (u*T + t)*V + j
 //   scalar loads: thread t, step u, element j -> tile offset (u*V + j)*T + t      (coalesced per scalar)
 // Either way a thread holds U x 16 bytes (scalars packed as a vector load would have read them). Take-mask

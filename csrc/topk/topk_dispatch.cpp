@@ -86,7 +86,7 @@ struct TopkHeuristics {
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
-  // (k = 4096: 80 KB fp32, 160 KB fp64; split_row's long tiles only where theirs fits); larger k goes to radix.
+  // (k = 4096: 80 KB fp32, 160 KB fp64; long tiles only where theirs fits); larger k goes to radix.
   int64_t candidate_max_k = 4096;
   // block: one CTA per row from this many rows per 100 SMs; fewer rows split (split_row / split_hist). The
   // split kernels' per-chunk selects and row merge cost more than the SMs a CTA per row leaves idle down to
@@ -107,14 +107,23 @@ struct TopkHeuristics {
   // 28.0, 48 x 100000 k50 30.1-30.3 / 30.7-30.8 -> 24.7-24.8 / 24.2, 64 x 151936 k50 (4 chunks instead of 8)
   // 30.8-31.0 / 34.7-34.8 -> 30.6 / 31.4-31.5; 8 x 65536, 16 x 65536, 32 x 32768, 2 x 262144 keep their plans.
   int64_t split_row_max_ctas_per_sm = 2;
-  // split_row: 16-bit rows read in vectors take tiles of kSplitRowLongTileElems (8192) where a chunk holds at
-  // least 3 of them. H100, 2026-11-24, long tiles on every chunk against 4096-element tiles, two rounds in turns,
+  // block / split_row: 16-bit rows read in vectors take tiles of kLongTileElems (8192) where a CTA's range (a
+  // split_row chunk, a block row) holds at least 3 of them, and the block kernel has at most
+  // block_long_tile_max_rows_per_sm rows per SM (split_row never has more than 2 CTAs per SM). Long tiles take a
+  // buffer of k + 10240 candidates (80 KB at k = 50) and up to 92 registers: 2 CTAs per SM.
+  // split_row: H100, 2026-11-24, long tiles on every chunk against 4096-element tiles, two rounds in turns,
   // fp16 / bf16 us (*session30-c2-compare-long-tiles-by-chunk*): chunks of 3 long tiles (64 x 98304 k50) 25.1 /
   // 26.0 -> 24.3 / 25.2, of 4 (64 x 131072, 32 x 262144) -5..-7%, of 5 (64 x 151936, 52 x 200000) 30.4 / 30.5 ->
   // 27.7 / 28.1 and -7..-8%, of 6.5 (64 x 200000) -4..-6%; but of 2.5 (48 x 100000) +2.6..+2.8% and of 2 (16 x
   // 262144, 4 x 1048576) +1.2..+2.0%. float32 with 8192-element tiles (call 1, *session30-c1-compare-split-row-
   // tiles*): -0.5% on 64 x 151936 and +3..+8% on the other split_row shapes, so it keeps 4096.
-  int64_t split_row_long_tile_min_chunk = 3 * kSplitRowLongTileElems;
+  int64_t long_tile_min_elems = 3 * kLongTileElems;
+  // block: H100, 2026-11-24, long tiles against 4096-element tiles, two rounds in turns, fp16 / bf16 us
+  // (*session30-c3-compare-block-long-tiles*): 80 x 100000 k50 28.4 / 28.1 -> 23.5 / 23.8, 96 x 100000 -17%,
+  // 128 x 32768 k64 -8..-11%, 132 x 65536 k50 -14..-16%, 256 x 32768 k64 -6..-9%, 200 x 131072 k50 39.2 / 38.7 ->
+  // 33.6 / 32.6, 264 x 50000 k50 (2 rows per SM) -4..-5%; but 512 x 50000 +11% and 1024 x 50000 58.0 / 57.9 ->
+  // 66.5 / 65.2 (4 CTAs per SM of short tiles hold as many bytes in flight, and more rows at once).
+  int64_t block_long_tile_max_rows_per_sm = 2;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
@@ -243,12 +252,23 @@ int64_t split_row_splits(int64_t rows, int64_t n, int64_t k, const TopkDevicePro
   return std::max<int64_t>(1, std::min(most, n / min_chunk));
 }
 
-// split_row's long tiles (TopkPlan::long_tiles): 16-bit rows whose chunks hold enough of them, where the larger
-// buffer fits.
-bool split_row_long_tiles(int64_t n, int64_t k, int64_t splits, DType dtype, const TopkDeviceProps& props) {
-  const size_t bytes = block_dynamic_smem_bytes(dtype, k, kSplitRowLongTileElems) + kBlockStaticSmem;
-  return dtype_bytes(dtype) == 2 && split_chunk_elems(n, splits) >= kHeuristics.split_row_long_tile_min_chunk &&
+// Long tiles (TopkPlan::long_tiles) for a CTA that reads `range` elements of a 16-bit row: enough of them, and
+// the larger candidate buffer fits.
+bool long_tiles_fit(int64_t range, int64_t k, DType dtype, const TopkDeviceProps& props) {
+  const size_t bytes = block_dynamic_smem_bytes(dtype, k, kLongTileElems) + kBlockStaticSmem;
+  return dtype_bytes(dtype) == 2 && range >= kHeuristics.long_tile_min_elems &&
          static_cast<int64_t>(bytes) <= props.smem_per_block_optin;
+}
+
+// split_row's long tiles: chunks of enough of them.
+bool split_row_long_tiles(int64_t n, int64_t k, int64_t splits, DType dtype, const TopkDeviceProps& props) {
+  return long_tiles_fit(split_chunk_elems(n, splits), k, dtype, props);
+}
+
+// ... and the block kernel's: few 16-bit rows of enough of them.
+bool block_long_tiles(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
+  return rows <= kHeuristics.block_long_tile_max_rows_per_sm * props.sm_count &&
+         long_tiles_fit(n, k, dtype, props);
 }
 
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
@@ -309,13 +329,14 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.smem_bytes = warp_smem_bytes(dtype, plan.lanes_per_row, k);
       break;
     case TopkKernel::kBlock:
-      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k);
+      plan.long_tiles = block_long_tiles(rows, n, k, dtype, props);
+      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan.long_tiles ? kLongTileElems : kTileElems);
       break;
     case TopkKernel::kSplitRow:
       // A forced split_row always splits when the row has more than one tile, so tests reach the merge.
       plan.splits = std::max<int64_t>(forced ? 2 : 1, split_row_splits(rows, n, k, props));
       plan.long_tiles = split_row_long_tiles(n, k, plan.splits, dtype, props);
-      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan.long_tiles ? kSplitRowLongTileElems : kTileElems);
+      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan.long_tiles ? kLongTileElems : kTileElems);
       plan.workspace_bytes = split_workspace_bytes(dtype, rows, n, k, plan.splits);
       break;
     case TopkKernel::kSplitHist:
@@ -436,12 +457,14 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
           << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
       break;
     case TopkKernel::kBlock:
-      out << " (one " << kBlockThreads << "-thread CTA per row, " << plan.smem_bytes / 1024 << " KB candidate buffer)";
+      out << " (one " << kBlockThreads << "-thread CTA per row in tiles of "
+          << (plan.long_tiles ? kLongTileElems : kTileElems) << ", " << plan.smem_bytes / 1024
+          << " KB candidate buffer)";
       break;
     case TopkKernel::kSplitRow:
       out << " (" << (peel ? peeled_split_count(n, plan.splits, vec_elems(in)) : split_count(n, plan.splits))
           << " CTAs per row of " << split_chunk_elems(n, plan.splits) << " elements in tiles of "
-          << (plan.long_tiles ? kSplitRowLongTileElems : kTileElems) << ", then a merge CTA per row)";
+          << (plan.long_tiles ? kLongTileElems : kTileElems) << ", then a merge CTA per row)";
       break;
     case TopkKernel::kSplitHist:
       out << " (" << split_hist_count(n, plan.splits) << " CTAs per row of " << split_hist_chunk_elems(n, plan.splits)

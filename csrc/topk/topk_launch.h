@@ -81,10 +81,10 @@ inline bool rows_batches_fit(DType in, int64_t k, bool vector_loads) {
 // block / split_row: 256-thread CTAs reading tiles of 4096 elements (16 B per thread per unrolled step).
 constexpr int kBlockThreads = 256;
 constexpr int kTileElems = 4096;
-// ... except where split_row's plan says long_tiles (16-bit rows read in 16-byte vectors, chunks of several
-// tiles): a CTA streams its chunk one tile behind a barrier, and split_row has at most 2 CTAs per SM
-// (split_row_max_ctas_per_sm), so the bytes in flight per SM are about 2 tiles.
-constexpr int kSplitRowLongTileElems = 2 * kTileElems;
+// ... or twice that where the plan says long_tiles (16-bit rows read in 16-byte vectors, CTAs whose range holds
+// several such tiles, at most 2 CTAs per SM): a CTA streams its range one tile behind a barrier, so with few CTAs per
+// SM the bytes in flight per SM are about 2 tiles.
+constexpr int kLongTileElems = 2 * kTileElems;
 // Candidates the split_row merge (the last CTA of a row) streams per step (8 per thread).
 constexpr int kMergeChunk = kBlockThreads * 8;
 // Free slots kept beyond k + one tile, so that a compaction runs only after this many insertions.
@@ -213,7 +213,7 @@ struct TopkPlan {
   int64_t peel_min_n = 0;       // block / split_row: rows of at least this many elements that are not vector_loads
                                 // read each row's body in vectors (RowEdges); 0: never
   bool peel = false;            // the launcher's decision from peel_min_n and the pointer
-  bool long_tiles = false;      // split_row: tiles of kSplitRowLongTileElems where the rows are read in vectors
+  bool long_tiles = false;      // block / split_row: tiles of kLongTileElems where the rows are read in vectors
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
   size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };
