@@ -23,8 +23,9 @@ BACKWARD_KERNELS = ["block", "split"]
 
 # Row lengths at and around each kernel's boundaries (and real expert counts: 60, 160, 384). The warp
 # kernel holds 32 values per lane (16 for float64), 1..32 lanes per row; block/split_row read tiles of 4096
-# elements (split_row chunks are whole tiles; its long tiles, test_split_row_chunks_of_several_long_tiles) and
-# refresh their floor in rows of >= 8 tiles;
+# elements (split_row chunks are whole ones) and refresh their floor in ranges of >= 8 tiles; 16-bit rows of
+# >= 3 x 8192 elements on few rows read tiles of 8192 (TopkPlan::long_tiles: the forced block cases of 28672 and
+# 32768 below, test_split_row_chunks_of_several_long_tiles and its neighbours);
 # radix splits rows into chunks.
 WARP_NS = [2, 7, 31, 32, 33, 60, 64, 100, 128, 160, 384, 512, 513, 1000, 1024]
 WARP_MAX_N = {torch.float64: 512}  # default 1024
@@ -259,7 +260,10 @@ def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
     8 as ranking below it. The tie sits in the CTA that holds the edges (split_row's first 8192-element chunk)."""
     v = vec16(dtype)
     n = 12 * 4096 + 2 * v + 1  # rows in every phase of the 16-byte vector: every head and tail length
-    tie_column = 4096 + 100  # in the body's second tile whatever the head's length
+    # In the body's second tile whatever the head's length: split_row's 8192-element chunks here read 4096-element
+    # tiles; the block kernel reads 16-bit rows this long on this few rows in long tiles (8192).
+    long_tiles = kernel == "block" and dtype in (torch.float16, torch.bfloat16)
+    tie_column = (8192 if long_tiles else 4096) + 100
     x = torch.ones(2 * v + 1, n, dtype=torch.float64)
     x[:, 10] = x[:, 11] = 9.0
     x[:, tie_column] = x[:, -1] = 8.0
@@ -494,14 +498,14 @@ def test_split_hist_mass_ties_take_the_exact_fallback(dtype):
 def long_special_rows(n: int) -> torch.Tensor:
     """float64 rows of n over many tiles that stress the chunk producer's floor and compactions: ascending
     (every tile beats the floors before it: the buffer floods and compacts), descending (the top k all in the
-    first tile), NaNs only near the end, +inf only past the first tile, -inf except 30 values at the end (the
+    first tile), NaNs only near the end, +inf only past the first (long) tile, -inf except 30 values at the end (the
     first tile's floor is -inf: no bound), and an all-equal row (every value ties with the floor)."""
     generator = torch.Generator().manual_seed(n)
     ramp = torch.linspace(-4.0, 4.0, n, dtype=torch.float64)
     nan_tail = torch.randn(n, generator=generator, dtype=torch.float64) * 3
     nan_tail[-40:-20] = float("nan")
     inf_later = torch.randn(n, generator=generator, dtype=torch.float64) * 3
-    inf_later[5007:5017] = float("inf")
+    inf_later[9007:9017] = float("inf")
     mostly_neg_inf = torch.full((n,), float("-inf"), dtype=torch.float64)
     mostly_neg_inf[-30:] = torch.randn(30, generator=generator, dtype=torch.float64)
     equal = torch.full((n,), 0.5, dtype=torch.float64)
@@ -512,15 +516,17 @@ def long_special_rows(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("kernel", ["block", "split_row"])
 def test_chunk_producer_long_special_rows(kernel, dtype):
-    """long_special_rows over 20 tiles plus a ragged one: indices in the reference order (NaN first, ties to
-    the lower index), NaN exactly where the reference has it, the other values close."""
+    """long_special_rows over 20 tiles plus a ragged one (16-bit block rows: 10 long tiles, TopkPlan::long_tiles),
+    aligned and one element off a 16-byte boundary (peeled): indices in the reference order (NaN first, ties to the
+    lower index), NaN exactly where the reference has it, the other values close."""
     x = long_special_rows(20 * 4096 + 1000).to(dtype).cuda()
     tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
-    for k in (1, 50, 256):
-        for renormalize in (False, True):
-            values, ref_values = check_reference_order(x, k, kernel, renormalize)
-            finite = ~torch.isnan(ref_values)
-            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+    for layout in (x, misaligned(x)):
+        for k in (1, 50, 256):
+            for renormalize in (False, True):
+                values, ref_values = check_reference_order(layout, k, kernel, renormalize)
+                finite = ~torch.isnan(ref_values)
+                assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
 
 
 @requires_cuda
@@ -529,23 +535,27 @@ def test_split_row_chunks_of_several_long_tiles(dtype):
     """split_row as the dispatcher plans it for many long rows (2 CTAs per SM over all rows: few chunks per row of
     5 long tiles for 16-bit rows, TopkPlan::long_tiles, the last one partial; float32 / float64 10 short ones):
     long_special_rows among random rows, aligned, one element off a 16-byte boundary and not a whole number of
-    vectors (both peeled: tiles over each row's body; float64 reads single elements); indices in the reference
-    order, NaN where the reference has it, the other values close."""
+    vectors (both peeled: tiles over each row's body; float64 reads single elements); k = 300 (no first-tile
+    floor); and rows of 5 x 65536, whose chunks of 8 long tiles refresh their floor. Indices in the reference order,
+    NaN where the reference has it, the other values close. (The assertions on explain() check the plan; the
+    launcher runs the long-tile instances wherever a plan has long_tiles and the rows are read in vectors.)"""
     rows = 2 * sm_count() // 5  # 5 chunks per row
-    n = 200_000
-    text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=50)
-    chunk = int(re.search(r"CTAs per row of (\d+) elements", text).group(1))
+    n, refreshing = 200_000, 5 * 65536
     tile = 8192 if dtype in (torch.float16, torch.bfloat16) else 4096
-    assert "kernel 'split_row'" in text and f"in tiles of {tile}," in text, text
-    assert chunk >= 4 * tile and chunk % tile == 0 and n % chunk % tile > 0, text
+    for length in (n, refreshing):
+        text = softmax_ops.explain((rows, length), dtype, op="fused_topk", k=50)
+        chunk = int(re.search(r"CTAs per row of (\d+) elements", text).group(1))
+        assert "kernel 'split_row'" in text and f"in tiles of {tile}," in text, text
+        assert chunk >= 4 * tile and chunk % tile == 0, text
+        assert length % chunk % tile > 0 if length == n else chunk >= 8 * tile, text
     tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
-    for length in (n, n + 3):
+    for length in (n, n + 3, refreshing):
         special = long_special_rows(length)
         noise = torch.randn(rows - len(special), length, generator=torch.Generator().manual_seed(length)) * 3
         x = torch.cat([special, noise.double()]).to(dtype).cuda()
         layouts = (x, misaligned(x)) if length == n else (x,)
         for layout in layouts:
-            for k in (1, 50, 256) if layout is x and length == n else (50,):
+            for k in (1, 50, 256, 300) if layout is x and length == n else (50,):
                 values, ref_values = check_reference_order(layout, k, "split_row", renormalize=k == 50)
                 finite = ~torch.isnan(ref_values)
                 assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
@@ -557,16 +567,33 @@ def test_block_kernel_short_tiles_on_many_long_16_bit_rows(dtype):
     """The block kernel's 4096-element tiles on 16-bit rows long enough for long tiles, where more than 2 rows per SM
     keep them short (block_long_tile_max_rows_per_sm): the floor refreshes (>= 8 tiles) and long_special_rows'
     compactions in those instances, which the few-row tests above no longer reach."""
-    rows, n = 2 * sm_count() + 1, 40_000
-    text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=50)
-    assert "kernel 'block' (one 256-thread CTA per row in tiles of 4096," in text, text
-    special = long_special_rows(n)
-    noise = torch.randn(rows - len(special), n, generator=torch.Generator().manual_seed(n)) * 3
-    x = torch.cat([special, noise.double()]).to(dtype).cuda()
-    for k in (1, 50):
-        values, ref_values = check_reference_order(x, k, "block", renormalize=k == 50)
-        finite = ~torch.isnan(ref_values)
-        assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=1e-2)
+    rows = 2 * sm_count() + 1
+    for n in (40_000, 40_003):  # aligned, and peeled
+        text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=50)
+        assert "kernel 'block' (one 256-thread CTA per row in tiles of 4096," in text, text
+        special = long_special_rows(n)
+        noise = torch.randn(rows - len(special), n, generator=torch.Generator().manual_seed(n)) * 3
+        x = torch.cat([special, noise.double()]).to(dtype).cuda()
+        for k in (1, 50):
+            values, ref_values = check_reference_order(x, k, "block", renormalize=k == 50)
+            finite = ~torch.isnan(ref_values)
+            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=1e-2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_split_row_merge_compacts_long_tile_chunk_candidates(dtype):
+    """split_row's long tiles with k = 4000 (no first-tile floor: every value joins the buffer, compacted every
+    tile or two) on rows whose chunks' k best overflow the merging CTA's larger buffer (k + 8192 + 2048), so the
+    merge compacts on the way."""
+    rows, n, k = 2 * sm_count() // 5, 200_000, 4000
+    x = (torch.randn(rows, n, generator=torch.Generator().manual_seed(k), dtype=torch.float64) * 3).to(dtype)
+    with softmax_ops.force_kernel("topk", "split_row"):  # the dispatcher's choice here is split_hist (k > 256)
+        text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+        chunks = int(re.search(r"\((\d+) CTAs per row", text).group(1))
+        assert "kernel 'split_row'" in text and "in tiles of 8192," in text, text
+        assert (chunks - 1) * k > k + 8192 + 2048, text
+        check_topk(x.cuda(), k, -1, renormalize=True)
 
 
 def rising_rows(tiles: int, tail: int) -> torch.Tensor:

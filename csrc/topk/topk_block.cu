@@ -20,19 +20,24 @@ __device__ __forceinline__ RowEdges<detail::kVec16<TIn>> peeled_row_edges(const 
 }
 
 // The tile and register budget of block / split_row instances: long tiles (TopkPlan::long_tiles), with the next one
-// in flight, hold twice the registers; they run where a plan has at most 2 CTAs per SM anyway.
+// in flight, hold twice the registers; the dispatcher plans them where there are at most 2 CTAs per SM anyway (a
+// forced split_row may launch more: slower, not wrong).
 template <bool kLongTiles>
 constexpr int kBlockFamilyTile = kLongTiles ? kLongTileElems : kTileElems;
 template <typename TIn, bool kLongTiles>
 constexpr int kBlockFamilyMinCtasPerSm = kLongTiles ? 2 : kBlockMinCtasPerSm<TIn>;
+template <typename TIn, bool kVectorLoads, bool kLongTiles>
+struct BlockFamilyChunk {
+  static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
+  using type = ChunkTopk<TIn, kVectorLoads, kBlockFamilyTile<kLongTiles>>;
+};
 
 // kPeel (with kVectorLoads): each row's body in vector tiles, its edges one per thread (topk_chunk.cuh).
 template <typename TIn, typename TOut, bool kVectorLoads, bool kPeel = false, bool kLongTiles = false>
 __global__ void __launch_bounds__(kBlockThreads, (kBlockFamilyMinCtasPerSm<TIn, kLongTiles>))
     topk_block_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices, int64_t n,
                       int k, int cap, bool renormalize) {
-  static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
-  using Chunk = ChunkTopk<TIn, kVectorLoads, kBlockFamilyTile<kLongTiles>>;
+  using Chunk = typename BlockFamilyChunk<TIn, kVectorLoads, kLongTiles>::type;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   static_assert(sizeof(BlockScratch<C>) <= kBlockStaticSmem, "static shared memory over budget");
@@ -120,8 +125,7 @@ __global__ void __launch_bounds__(kBlockThreads, (kBlockFamilyMinCtasPerSm<TIn, 
     topk_split_row_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                           int64_t n, int k, int cap, int64_t chunk, int splits, bool renormalize,
                           SplitWorkspace<compute_t<TIn>> ws) {
-  static_assert(!kLongTiles || (kVectorLoads && sizeof(TIn) == 2), "long tiles: 16-bit rows read in vectors");
-  using Chunk = ChunkTopk<TIn, kVectorLoads, kBlockFamilyTile<kLongTiles>>;
+  using Chunk = typename BlockFamilyChunk<TIn, kVectorLoads, kLongTiles>::type;
   using C = typename Chunk::C;
   using Ops = typename Chunk::Ops;
   using Cand = typename Ops::Type;

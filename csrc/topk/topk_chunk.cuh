@@ -1,5 +1,5 @@
 // The chunk producer shared by the block-family fused_topk kernels (topk_block.cu: block, split_row;
-// topk_split_hist.cu: split_hist's fallback): one CTA reads a range of a row once, in tiles of kTileElems, the
+// topk_split_hist.cu: split_hist's fallback): one CTA reads a range of a row once, in tiles of kTile elements, the
 // next tile's loads in flight (raw 16-byte registers) while the current one is filtered:
 //   * the whole tile folds into the thread's online (max, sum) at once (one max check, <= one rescale);
 //   * a value joins the shared-memory candidate buffer only if it can still be in the top k: one unordered
@@ -89,6 +89,7 @@ struct ChunkTopk {
   using Key = typename OrderKey<C>::Key;
   static constexpr int V = 16 / sizeof(TIn);
   static constexpr int U = kTile / (kBlockThreads * V);
+  static constexpr int kTileLen = kTile;    // for callers that walk the tiles themselves (split_hist)
   static constexpr int kPerThread = U * V;  // values of one thread per tile, one take-mask bit each
   static_assert(U >= 1 && U * kBlockThreads * V == kTile, "tile must be a whole number of vectors");
   static_assert(kPerThread <= 32 && (kPerThread & (kPerThread - 1)) == 0, "one mask bit per value");
@@ -99,6 +100,8 @@ struct ChunkTopk {
   // Ranges of at least this many tiles refresh the floor from the running maxima (run). H100, session 13
   // (*session13-c8-*): block 1024 x 50000 k50 (13 tiles) -6..-7%, 64 x 151936 k50 (37) -11..-15%, 256 x 32768
   // k64 (8) -5%; split_row's 5-tile chunks of 64 x 151936 +1..+3% (two more barriers than tiles they help).
+  // Counted in tiles of either length: long tiles refreshing from 4 (32768 elements, as short ones do) lost
+  // 2.5-5% on split_row chunks of 4-5 long tiles and nothing changed on block rows (session 30 call 7).
   static constexpr int kRefreshMinTiles = 8;
   // block_radix_threshold's side list pays for 16-bit inputs only (see there).
   static constexpr bool kSideList = sizeof(TIn) == 2;
@@ -180,8 +183,8 @@ struct ChunkTopk {
 
   // ---- run()'s view of a tile: the raw 16-byte words, unpacked only where a value's float is needed ----
   // 16-bit types take the tile's maximum and the filter two values at a time from the raw 32-bit words
-  // (VHMNMX / HSET2 on sm_90: 7 instructions for the maximum of 16 values instead of 15, 16 for the take
-  // mask instead of ~41), so their take-mask bit of value (u, j) is pair_bit(u, j): word u * 4 + j / 2, the
+  // (VHMNMX / HSET2 on sm_90, for 4096-element tiles: 7 instructions for the maximum of 16 values instead of 15,
+  // 16 for the take mask instead of ~41; long tiles twice that), so their take-mask bit of value (u, j) is pair_bit(u, j): word u * 4 + j / 2, the
   // word's low value in the low 16 bits, its high value 16 bits above. Other types: bit u * V + j (valid_mask's and
   // candidate's layout, which split_hist also uses).
   static constexpr bool kPairs = sizeof(TIn) == 2;
@@ -372,7 +375,7 @@ struct ChunkTopk {
   // they are selected down to the k best and *kth (every thread) gets a radix prefix that exactly those k
   // reach; else all of them stay (a superset of the k best: keep > k is for a caller that sorts them anyway)
   // and *kth is left alone.
-  // cap >= candidate_capacity(k). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
+  // cap >= candidate_capacity(k, kTile). Positions are 32-bit (the launcher limits rows to 2^31 - 1 elements); x is
   // the row's first element. Ends with a barrier.
   // kEdges (peeled rows): `edge` (edge_value) joins this thread's (max, sum) before the first tile, and the
   // buffer unfiltered (it only has to hold a superset of the k best; every floor below is reached by k distinct
@@ -385,7 +388,8 @@ struct ChunkTopk {
   // `fill_bound` (the same in every thread) bounds s.count from above: each thread that appended anything
   // added at most kPerThread. Only when it passes cap - kTile (the next tile could overflow) is the
   // exact count read (two barriers) and the buffer compacted if needed. With k = 50 (cap - kTile =
-  // 2098) and ~13 candidates per tile, that is about every 10th tile instead of every tile.
+  // 2098) and ~13 candidates per 4096-element tile, that is about every 10th tile instead of every tile (long
+  // tiles: every 2nd or 3rd, a bound twice as loose per appending thread).
   template <bool kEdges = false>
   static __device__ int run(const TIn* __restrict__ x, int lo, int hi, int k, Cand* buf, int cap,
                             SelectScratch& s, RowStats<C>& stats, Cand* kth, int keep = 0,

@@ -109,7 +109,7 @@ struct TopkHeuristics {
   int64_t split_row_max_ctas_per_sm = 2;
   // block / split_row: 16-bit rows read in vectors take tiles of kLongTileElems (8192) where a CTA's range (a
   // split_row chunk, a block row) holds at least 3 of them, and the block kernel has at most
-  // block_long_tile_max_rows_per_sm rows per SM (split_row never has more than 2 CTAs per SM). Long tiles take a
+  // block_long_tile_max_rows_per_sm rows per SM (split_row plans have at most 2 CTAs per SM). Long tiles take a
   // buffer of k + 10240 candidates (80 KB at k = 50) and up to 92 registers: 2 CTAs per SM.
   // split_row: H100, 2026-11-24, long tiles on every chunk against 4096-element tiles, two rounds in turns,
   // fp16 / bf16 us (*session30-c2-compare-long-tiles-by-chunk*): chunks of 3 long tiles (64 x 98304 k50) 25.1 /
@@ -330,13 +330,13 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       break;
     case TopkKernel::kBlock:
       plan.long_tiles = block_long_tiles(rows, n, k, dtype, props);
-      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan.long_tiles ? kLongTileElems : kTileElems);
+      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan_tile_elems(plan));
       break;
     case TopkKernel::kSplitRow:
       // A forced split_row always splits when the row has more than one tile, so tests reach the merge.
       plan.splits = std::max<int64_t>(forced ? 2 : 1, split_row_splits(rows, n, k, props));
       plan.long_tiles = split_row_long_tiles(n, k, plan.splits, dtype, props);
-      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan.long_tiles ? kLongTileElems : kTileElems);
+      plan.smem_bytes = block_dynamic_smem_bytes(dtype, k, plan_tile_elems(plan));
       plan.workspace_bytes = split_workspace_bytes(dtype, rows, n, k, plan.splits);
       break;
     case TopkKernel::kSplitHist:
@@ -457,14 +457,13 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
           << 32 / plan.lanes_per_row << (plan.lanes_per_row == 32 ? " row" : " rows") << " per warp)";
       break;
     case TopkKernel::kBlock:
-      out << " (one " << kBlockThreads << "-thread CTA per row in tiles of "
-          << (plan.long_tiles ? kLongTileElems : kTileElems) << ", " << plan.smem_bytes / 1024
-          << " KB candidate buffer)";
+      out << " (one " << kBlockThreads << "-thread CTA per row in tiles of " << plan_tile_elems(plan) << ", "
+          << plan.smem_bytes / 1024 << " KB candidate buffer)";
       break;
     case TopkKernel::kSplitRow:
       out << " (" << (peel ? peeled_split_count(n, plan.splits, vec_elems(in)) : split_count(n, plan.splits))
           << " CTAs per row of " << split_chunk_elems(n, plan.splits) << " elements in tiles of "
-          << (plan.long_tiles ? kLongTileElems : kTileElems) << ", then a merge CTA per row)";
+          << plan_tile_elems(plan) << ", then a merge CTA per row)";
       break;
     case TopkKernel::kSplitHist:
       out << " (" << split_hist_count(n, plan.splits) << " CTAs per row of " << split_hist_chunk_elems(n, plan.splits)
@@ -477,6 +476,10 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
       break;
   }
   out << ": " << why;
+  if (plan.long_tiles) {
+    out << "; tiles of " << kLongTileElems << ": 16-bit rows of >= " << kHeuristics.long_tile_min_elems
+        << " elements per CTA and at most 2 CTAs per SM, where 4096-element tiles keep too few bytes in flight";
+  }
   if (block_family && !whole_vectors) {
     out << "; rows of " << n << " elements are not whole 16-byte vectors: "
         << (peel ? "each row's aligned body is read in vectors, the elements around it singly"

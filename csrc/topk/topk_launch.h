@@ -112,7 +112,8 @@ inline int64_t aligned_chunk_elems(int64_t n, int64_t splits, int64_t align) {
 }
 inline int64_t chunk_count(int64_t n, int64_t chunk) { return (n + chunk - 1) / chunk; }
 
-// split_row: chunk length (whole tiles, at least one) and the number of chunks actually launched.
+// split_row: chunk length (whole 4096-element tiles, at least one; long tiles may end in half a tile) and the
+// number of chunks actually launched.
 inline int64_t split_chunk_elems(int64_t n, int64_t splits) {
   return std::max<int64_t>(kTileElems, aligned_chunk_elems(n, splits, kTileElems));
 }
@@ -217,6 +218,9 @@ struct TopkPlan {
   size_t smem_bytes = 0;        // dynamic shared memory per CTA
   size_t workspace_bytes = 0;   // split_row / split_hist / radix: bytes the caller allocates
 };
+
+// block / split_row: the tile length of `plan` (where its rows are read in vectors).
+inline int plan_tile_elems(const TopkPlan& plan) { return plan.long_tiles ? kLongTileElems : kTileElems; }
 
 // Whether `plan` reads rows of n elements peeled where they are not vector_loads (TopkPlan::peel_min_n).
 inline bool plan_peels_length(const TopkPlan& plan, int64_t n) { return plan.peel_min_n > 0 && n >= plan.peel_min_n; }

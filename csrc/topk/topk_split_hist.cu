@@ -62,15 +62,16 @@ template <typename TIn, bool kVectorLoads, bool kStream, typename TileFn>
 __device__ __forceinline__ void for_each_tile(const TIn* __restrict__ x, int lo, int hi, TileFn&& fn) {
   using Chunk = ChunkTopk<TIn, kVectorLoads>;
   typename Chunk::RawTile next;
-  if constexpr (Chunk::kPrefetch) Chunk::template load_tile<kStream>(x + lo, min(hi - lo, kTileElems), next);
-  for (int t0 = lo;; t0 += kTileElems) {
-    const int valid = min(hi - t0, kTileElems);
-    const bool more = hi - t0 > kTileElems;
+  constexpr int kTile = Chunk::kTileLen;
+  if constexpr (Chunk::kPrefetch) Chunk::template load_tile<kStream>(x + lo, min(hi - lo, kTile), next);
+  for (int t0 = lo;; t0 += kTile) {
+    const int valid = min(hi - t0, kTile);
+    const bool more = hi - t0 > kTile;
     if constexpr (!Chunk::kPrefetch) Chunk::template load_tile<kStream>(x + t0, valid, next);
     typename Chunk::C v[Chunk::U][Chunk::V];
     Chunk::unpack_tile(next, v);
     if (Chunk::kPrefetch && more) {
-      Chunk::template load_tile<kStream>(x + t0 + kTileElems, min(hi - t0 - kTileElems, kTileElems), next);
+      Chunk::template load_tile<kStream>(x + t0 + kTile, min(hi - t0 - kTile, kTile), next);
     }
     fn(v, t0, valid);
     if (!more) break;
@@ -81,7 +82,7 @@ __device__ __forceinline__ void for_each_tile(const TIn* __restrict__ x, int lo,
 template <typename Chunk>
 __device__ __forceinline__ uint32_t in_range_mask(int valid) {
   constexpr uint32_t kAll = Chunk::kPerThread == 32 ? ~0u : (1u << Chunk::kPerThread) - 1u;
-  return valid < kTileElems ? Chunk::valid_mask(valid) : kAll;
+  return valid < Chunk::kTileLen ? Chunk::valid_mask(valid) : kAll;
 }
 
 // The bin holding the k-th best value of a row histogram that launch 1 wrote (read through L2), and how many
