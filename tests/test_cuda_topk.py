@@ -278,9 +278,10 @@ def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
 @requires_cuda
 @pytest.mark.parametrize("dtype", PEEL_DTYPES)
 def test_automatic_plans_on_vocabulary_rows_that_peel(dtype):
-    """The dispatcher's own plans (block for many rows, split_row for few) on GPT-2's 50257 and a 151935-word
-    vocabulary, whose rows peel."""
-    for rows, n, k in ((64, 50257, 50), (3, 151935, 50), (5, 50257, 1024)):
+    """The dispatcher's own plans on GPT-2's 50257 and a 151935-word vocabulary, and 100003 columns, whose rows peel:
+    block for many rows and, at 16 bits, from 0.18 rows per SM for rows of up to 16 long tiles (block_long_min_rows_
+    per_100_sms), split_row for fewer or longer rows."""
+    for rows, n, k in ((64, 50257, 50), (3, 151935, 50), (5, 50257, 1024), (30, 100003, 64)):
         x = (torch.randn(rows, n, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64) * 3).to(dtype)
         check_topk(x.cuda(), k, -1, renormalize=False)
 

@@ -233,8 +233,8 @@ def test_forced_grid_onepass_streams_exactly_beyond_its_cache(dtype, vec, backwa
 
 @pytest.mark.parametrize("shape,k,kernel", [
     ((64, 151936), 50, "split_row"),  # 0.48 rows per SM: split_row 34.4 us vs block 38.4 (fp16)
-    ((79, 50000), 50, "split_row"),   # just under 60 rows per 100 SMs
-    ((80, 50000), 50, "block"),
+    ((79, 200000), 50, "split_row"),  # just under 60 rows per 100 SMs (rows too long for block_long_max_tiles)
+    ((80, 200000), 50, "block"),
     ((96, 100000), 50, "block"),      # block 30.3 us vs split_row 35.4 (fp16)
     ((256, 32768), 64, "block"),      # block 20.4 us vs split_row 39.8 (fp16)
 ])
@@ -248,7 +248,7 @@ def test_fused_topk_takes_one_cta_per_row_from_0_6_rows_per_sm(shape, k, kernel)
 @pytest.mark.parametrize("shape,k,ctas_per_row", [
     ((64, 151936), 50, 4),    # 30.6 / 31.4 us (fp16 / fp32) against 30.9 / 34.8 with 8 chunks
     ((16, 262144), 50, 16),   # 23.6-24.1 / 23.1-23.9 against 29.2-29.5 / 31.6-31.8 with 32
-    ((32, 131072), 64, 8),
+    ((32, 262144), 64, 8),
     ((4, 1048576), 50, 64),
     ((8, 65536), 16, 16),     # n / 4096: the chunk floor, not the CTA budget, sets it
 ])
@@ -291,6 +291,30 @@ def test_fused_topk_block_long_tiles_for_up_to_2_rows_per_sm(shape, k, dtype, ti
     rows, +11..+14% on 512-1024)."""
     text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
     assert f"kernel 'block' (one 256-thread CTA per row in tiles of {tile}," in text, text
+
+
+# block_long_min_rows_per_100_sms: 18 (24 rows on 132 SMs).
+BLOCK_LONG_MIN_ROWS = -(-18 * SM_COUNT // 100)
+
+
+@pytest.mark.parametrize("shape,k,dtype,kernel", [
+    ((BLOCK_LONG_MIN_ROWS, 65536), 50, torch.float16, "block"),       # 17.3 us against split_row's 22.3
+    ((BLOCK_LONG_MIN_ROWS - 1, 65536), 50, torch.float16, "split_row"),
+    ((64, 131072), 50, torch.bfloat16, "block"),                       # 16 long tiles: 25.8 against 26.6
+    ((64, 131073), 50, torch.float16, "split_row"),
+    ((64, 151936), 50, torch.float16, "split_row"),                    # 27.7 against block's 30.0
+    ((BLOCK_LONG_MIN_ROWS, 65536), 50, torch.float32, "split_row"),    # float32 reads no long tiles
+    ((BLOCK_LONG_MIN_ROWS, 24575), 50, torch.float16, "split_row"),    # rows shorter than 3 long tiles
+    ((BLOCK_LONG_MIN_ROWS, 65536), 300, torch.float16, "split_hist"),  # k > 256 keeps its kernel
+])
+def test_fused_topk_block_on_fewer_rows_of_up_to_16_long_tiles(shape, k, dtype, kernel):
+    """csrc/topk/topk_dispatch.cpp, block_long_min_rows_per_100_sms / block_long_max_tiles: below 0.6 rows per SM,
+    16-bit rows of 3-16 long tiles run one CTA per row from 0.18 rows per SM (H100, session 30: 5-36% faster than
+    split_row on 24-78 rows of 65536-131072, split_row 8% faster on 64 x 151936)."""
+    text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
+    assert f"kernel '{kernel}'" in text, text
+    if kernel == "block":
+        assert "one CTA per row in long tiles beats splitting" in text, text
 
 
 @pytest.mark.parametrize("shape,k,dtype,threads", [

@@ -124,6 +124,16 @@ struct TopkHeuristics {
   // 33.6 / 32.6, 264 x 50000 k50 (2 rows per SM) -4..-5%; but 512 x 50000 +11% and 1024 x 50000 58.0 / 57.9 ->
   // 66.5 / 65.2 (4 CTAs per SM of short tiles hold as many bytes in flight, and more rows at once).
   int64_t block_long_tile_max_rows_per_sm = 2;
+  // ... and below block_min_rows_per_100_sms, 16-bit rows of up to this many long tiles (k <= split_hist_min_k) run
+  // one CTA per row in long tiles from this many rows per 100 SMs rather than split. H100, 2026-11-24, both kernels
+  // forced, two runs, fp16 / bf16 us (*session30-c9-boundary1/2*, k50): 24 x 65536 block 17.3-18.0 / 16.9-17.7 against
+  // split_row 22.2-22.3 / 22.0-22.5, 64 x 65536 -24..-26%, 24-64 x 100000 -5..-19% (e.g. 64 x 100000 24.0-24.1 /
+  // 23.0-23.1 against 26.7-26.8 / 26.8-26.9), 64 x 114688 -7..-9%, 72-78 x 131072 -7..-14%, 48 x 131072 even (26.4-26.5
+  // / 25.2-25.3 against 26.5-26.6 / 26.6); but 64 x 151936 (18.5 long tiles) split_row 27.6-27.7 / 28.2 against
+  // block 29.9-30.0 / 28.7-29.5 (*session30-c5-boundary1/2*). Not measured below 24 rows, where split_row's chunks
+  // grow longer (8 x 65536 k16: 14.6 us).
+  int64_t block_long_min_rows_per_100_sms = 18;
+  int64_t block_long_max_tiles = 16;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
@@ -269,6 +279,14 @@ bool split_row_long_tiles(int64_t n, int64_t k, int64_t splits, DType dtype, con
 bool block_long_tiles(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   return rows <= kHeuristics.block_long_tile_max_rows_per_sm * props.sm_count &&
          long_tiles_fit(n, k, dtype, props);
+}
+
+// Fewer rows than block_rows_enough that still run faster one CTA per row in long tiles than split (see
+// block_long_min_rows_per_100_sms).
+bool block_long_tiles_beat_splitting(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
+  return rows * 100 >= kHeuristics.block_long_min_rows_per_100_sms * props.sm_count &&
+         n <= kHeuristics.block_long_max_tiles * kLongTileElems && k <= kHeuristics.split_hist_min_k &&
+         block_long_tiles(rows, n, k, dtype, props);
 }
 
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
@@ -580,14 +598,19 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
     kernel = TopkKernel::kRadix;
     reason << "k=" << k << " > " << kHeuristics.candidate_max_k
            << " candidates (or beyond shared memory): radix select works for any k";
-  } else if (block_rows_enough(rows, props) || split_row_splits(rows, n, k, props) < 2) {
+  } else if (block_rows_enough(rows, props) || split_row_splits(rows, n, k, props) < 2 ||
+             block_long_tiles_beat_splitting(rows, n, k, dtype, props)) {
     kernel = TopkKernel::kBlock;
     reason << rows << " rows";
     if (block_rows_enough(rows, props)) {
       reason << " >= " << kHeuristics.block_min_rows_per_100_sms << " per 100 SMs: one CTA per row beats splitting";
-    } else {
+    } else if (split_row_splits(rows, n, k, props) < 2) {
       reason << ": rows too short to split into chunks of >= "
              << std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k) << " elements";
+    } else {
+      reason << " (>= " << kHeuristics.block_long_min_rows_per_100_sms << " per 100 SMs) of N=" << n << " <= "
+             << kHeuristics.block_long_max_tiles << " tiles of " << kLongTileElems
+             << ": one CTA per row in long tiles beats splitting";
     }
   } else if ((k > kHeuristics.split_hist_min_k || rows <= kHeuristics.split_hist_max_rows) &&
              rows * n * dtype_bytes(dtype) <= props.l2_bytes) {
