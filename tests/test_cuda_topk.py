@@ -279,9 +279,9 @@ def test_peeled_rows_tail_tie_after_a_compaction(kernel, dtype):
 @pytest.mark.parametrize("dtype", PEEL_DTYPES)
 def test_automatic_plans_on_vocabulary_rows_that_peel(dtype):
     """The dispatcher's own plans on GPT-2's 50257 and a 151935-word vocabulary, and 100003 columns, whose rows peel:
-    block for many rows and, at 16 bits, from 0.18 rows per SM for rows of up to 16 long tiles (block_long_min_rows_
-    per_100_sms), split_row for fewer or longer rows."""
-    for rows, n, k in ((64, 50257, 50), (3, 151935, 50), (5, 50257, 1024), (30, 100003, 64)):
+    block for many rows and, at 16 bits, from 0.06 rows per SM for rows of up to 13-16 long tiles (block_long_min_
+    rows_per_100_sms), split_row for fewer or longer rows; and Llama 2's 32000 words on 16 rows."""
+    for rows, n, k in ((64, 50257, 50), (3, 151935, 50), (5, 50257, 1024), (30, 100003, 64), (16, 32000, 50)):
         x = (torch.randn(rows, n, generator=torch.Generator().manual_seed(n + k), dtype=torch.float64) * 3).to(dtype)
         check_topk(x.cuda(), k, -1, renormalize=False)
 

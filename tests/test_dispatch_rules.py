@@ -293,24 +293,32 @@ def test_fused_topk_block_long_tiles_for_up_to_2_rows_per_sm(shape, k, dtype, ti
     assert f"kernel 'block' (one 256-thread CTA per row in tiles of {tile}," in text, text
 
 
-# block_long_min_rows_per_100_sms: 18 (24 rows on 132 SMs).
+# block_long_min_rows_per_100_sms: 18 (24 rows on 132 SMs); block_long_few_rows_per_100_sms: 6 (8 rows).
 BLOCK_LONG_MIN_ROWS = -(-18 * SM_COUNT // 100)
+BLOCK_LONG_FEW_ROWS = -(-6 * SM_COUNT // 100)
 
 
 @pytest.mark.parametrize("shape,k,dtype,kernel", [
     ((BLOCK_LONG_MIN_ROWS, 65536), 50, torch.float16, "block"),       # 17.3 us against split_row's 22.3
-    ((BLOCK_LONG_MIN_ROWS - 1, 65536), 50, torch.float16, "split_row"),
     ((64, 131072), 50, torch.bfloat16, "block"),                       # 16 long tiles: 25.8 against 26.6
     ((64, 131073), 50, torch.float16, "split_row"),
     ((64, 151936), 50, torch.float16, "split_row"),                    # 27.7 against block's 30.0
+    ((BLOCK_LONG_MIN_ROWS - 1, 13 * 8192), 50, torch.float16, "block"),  # fewer rows: up to 13 long tiles
+    ((BLOCK_LONG_MIN_ROWS - 1, 13 * 8192 + 1), 50, torch.float16, "split_row"),
+    ((16, 32768), 50, torch.bfloat16, "block"),                       # 12.1 against 17.4
+    ((20, 131072), 50, torch.float16, "split_row"),                   # 22.8 against block's 25.2
+    ((BLOCK_LONG_FEW_ROWS, 65536), 50, torch.float16, "block"),       # 8 rows: 17.1-17.6 against 19.4-19.9
+    ((BLOCK_LONG_FEW_ROWS - 1, 65536), 50, torch.float16, "split_row"),
     ((BLOCK_LONG_MIN_ROWS, 65536), 50, torch.float32, "split_row"),    # float32 reads no long tiles
     ((BLOCK_LONG_MIN_ROWS, 24575), 50, torch.float16, "split_row"),    # rows shorter than 3 long tiles
     ((BLOCK_LONG_MIN_ROWS, 65536), 300, torch.float16, "split_hist"),  # k > 256 keeps its kernel
+    ((BLOCK_LONG_MIN_ROWS, 65536), 49, torch.float16, "split_row"),    # and k < 50 (measured at 50 and 64)
 ])
 def test_fused_topk_block_on_fewer_rows_of_up_to_16_long_tiles(shape, k, dtype, kernel):
-    """csrc/topk/topk_dispatch.cpp, block_long_min_rows_per_100_sms / block_long_max_tiles: below 0.6 rows per SM,
-    16-bit rows of 3-16 long tiles run one CTA per row from 0.18 rows per SM (H100, session 30: 5-36% faster than
-    split_row on 24-78 rows of 65536-131072, split_row 8% faster on 64 x 151936)."""
+    """csrc/topk/topk_dispatch.cpp, block_long_min_rows_per_100_sms / block_long_few_rows_per_100_sms: below 0.6 rows
+    per SM, 16-bit rows of 3-16 long tiles run one CTA per row from 0.18 rows per SM, of 3-13 from 0.06, for 50 <= k
+    <= 256 (H100, session 30, k = 50: 5-36% faster than split_row on 8-78 rows of 32768-131072; split_row faster on
+    64 x 151936 and on 16-20 rows of 131072)."""
     text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
     assert f"kernel '{kernel}'" in text, text
     if kernel == "block":

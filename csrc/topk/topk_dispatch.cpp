@@ -124,16 +124,24 @@ struct TopkHeuristics {
   // 33.6 / 32.6, 264 x 50000 k50 (2 rows per SM) -4..-5%; but 512 x 50000 +11% and 1024 x 50000 58.0 / 57.9 ->
   // 66.5 / 65.2 (4 CTAs per SM of short tiles hold as many bytes in flight, and more rows at once).
   int64_t block_long_tile_max_rows_per_sm = 2;
-  // ... and below block_min_rows_per_100_sms, 16-bit rows of up to this many long tiles (k <= split_hist_min_k) run
-  // one CTA per row in long tiles from this many rows per 100 SMs rather than split. H100, 2026-11-24, both kernels
-  // forced, two runs, fp16 / bf16 us (*session30-c9-boundary1/2*, k50): 24 x 65536 block 17.3-18.0 / 16.9-17.7 against
-  // split_row 22.2-22.3 / 22.0-22.5, 64 x 65536 -24..-26%, 24-64 x 100000 -5..-19% (e.g. 64 x 100000 24.0-24.1 /
-  // 23.0-23.1 against 26.7-26.8 / 26.8-26.9), 64 x 114688 -7..-9%, 72-78 x 131072 -7..-14%, 48 x 131072 even (26.4-26.5
-  // / 25.2-25.3 against 26.5-26.6 / 26.6); but 64 x 151936 (18.5 long tiles) split_row 27.6-27.7 / 28.2 against
-  // block 29.9-30.0 / 28.7-29.5 (*session30-c5-boundary1/2*). Not measured below 24 rows, where split_row's chunks
-  // grow longer (8 x 65536 k16: 14.6 us).
+  // ... and below block_min_rows_per_100_sms, 16-bit rows of up to block_long_max_tiles long tiles (block_long_min_k
+  // <= k <= split_hist_min_k) run one CTA per row in long tiles from block_long_min_rows_per_100_sms rather than split, and
+  // rows of up to block_long_few_max_tiles from block_long_few_rows_per_100_sms. H100, 2026-11-24, both kernels
+  // forced, two runs each, fp16 / bf16 us, k50 (*session30-c9-boundary1/2*, *session30-c11-boundary1/2*):
+  //   24 x 65536 block 17.3-18.0 / 16.9-17.7 against split_row 22.2-22.3 / 22.0-22.5, 64 x 65536 -24..-26%, 24-64 x
+  //   100000 -5..-19% (64 x 100000 24.0-24.1 / 23.0-23.1 against 26.7-26.8 / 26.8-26.9), 64 x 114688 -7..-9%, 72-78
+  //   x 131072 -7..-14%, 48 x 131072 even (26.4-26.5 / 25.2-25.3 against 26.5-26.6 / 26.6); but 64 x 151936 (18.5
+  //   long tiles) split_row 27.6-27.7 / 28.2 against block 29.9-30.0 / 28.7-29.5 (*session30-c5-boundary1/2*);
+  //   8-20 rows: 16 x 32768 12.1-12.9 against 17.0-18.5 (-26..-31%), 8-20 x 65536 -9..-24%, 16-20 x 100000
+  //   -7..-21%, 8 x 100000 even at fp16 (22.7-22.8 against 22.9-23.0) and -12..-15% at bf16; but 16-20 x 131072
+  //   split_row 22.4-23.6 against block 24.9-26.2. Not measured below 8 rows, nor for k < 50: split_row's chunk
+  //   epilogue and merge shrink with k (8 x 65536 k16: 14.6 / 17.0 us, session 30 call 1), the block kernel's row
+  //   does not, so smaller k keep split_row.
+  int64_t block_long_min_k = 50;
   int64_t block_long_min_rows_per_100_sms = 18;
   int64_t block_long_max_tiles = 16;
+  int64_t block_long_few_rows_per_100_sms = 6;
+  int64_t block_long_few_max_tiles = 13;
   int64_t split_min_chunk = 4096;
   int64_t split_chunk_per_k = 8;
   // split_hist: CTAs per SM to aim for across rows x chunks, chunks >= this many elements (one tile).
@@ -283,10 +291,20 @@ bool block_long_tiles(int64_t rows, int64_t n, int64_t k, DType dtype, const Top
 
 // Fewer rows than block_rows_enough that still run faster one CTA per row in long tiles than split (see
 // block_long_min_rows_per_100_sms).
+// The most long tiles per row for which one CTA per row beats splitting `rows` rows (0: none).
+int64_t block_long_max_tiles_for(int64_t rows, const TopkDeviceProps& props) {
+  if (rows * 100 >= kHeuristics.block_long_min_rows_per_100_sms * props.sm_count) {
+    return kHeuristics.block_long_max_tiles;
+  }
+  if (rows * 100 >= kHeuristics.block_long_few_rows_per_100_sms * props.sm_count) {
+    return kHeuristics.block_long_few_max_tiles;
+  }
+  return 0;
+}
+
 bool block_long_tiles_beat_splitting(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
-  return rows * 100 >= kHeuristics.block_long_min_rows_per_100_sms * props.sm_count &&
-         n <= kHeuristics.block_long_max_tiles * kLongTileElems && k <= kHeuristics.split_hist_min_k &&
-         block_long_tiles(rows, n, k, dtype, props);
+  return n <= block_long_max_tiles_for(rows, props) * kLongTileElems && k >= kHeuristics.block_long_min_k &&
+         k <= kHeuristics.split_hist_min_k && block_long_tiles(rows, n, k, dtype, props);
 }
 
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
@@ -608,9 +626,8 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
       reason << ": rows too short to split into chunks of >= "
              << std::max(kHeuristics.split_min_chunk, kHeuristics.split_chunk_per_k * k) << " elements";
     } else {
-      reason << " (>= " << kHeuristics.block_long_min_rows_per_100_sms << " per 100 SMs) of N=" << n << " <= "
-             << kHeuristics.block_long_max_tiles << " tiles of " << kLongTileElems
-             << ": one CTA per row in long tiles beats splitting";
+      reason << " of N=" << n << " <= " << block_long_max_tiles_for(rows, props) << " tiles of " << kLongTileElems
+             << " (the most for this many rows): one CTA per row in long tiles beats splitting";
     }
   } else if ((k > kHeuristics.split_hist_min_k || rows <= kHeuristics.split_hist_max_rows) &&
              rows * n * dtype_bytes(dtype) <= props.l2_bytes) {
