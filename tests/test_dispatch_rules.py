@@ -250,7 +250,7 @@ def test_fused_topk_takes_one_cta_per_row_from_0_6_rows_per_sm(shape, k, kernel)
     ((16, 262144), 50, 16),   # 23.6-24.1 / 23.1-23.9 against 29.2-29.5 / 31.6-31.8 with 32
     ((32, 262144), 64, 8),
     ((4, 1048576), 50, 64),
-    ((8, 65536), 16, 16),     # n / 4096: the chunk floor, not the CTA budget, sets it
+    ((4, 131072), 16, 32),    # n / 4096: the chunk floor, not the CTA budget, sets it
 ])
 def test_fused_topk_split_row_uses_at_most_two_ctas_per_sm(shape, k, ctas_per_row):
     """csrc/topk/topk_dispatch.cpp, split_row_max_ctas_per_sm: at most 2 CTAs per SM over all rows, in chunks
@@ -312,13 +312,13 @@ BLOCK_LONG_FEW_ROWS = -(-6 * SM_COUNT // 100)
     ((BLOCK_LONG_MIN_ROWS, 65536), 50, torch.float32, "split_row"),    # float32 reads no long tiles
     ((BLOCK_LONG_MIN_ROWS, 24575), 50, torch.float16, "split_row"),    # rows shorter than 3 long tiles
     ((BLOCK_LONG_MIN_ROWS, 65536), 300, torch.float16, "split_hist"),  # k > 256 keeps its kernel
-    ((BLOCK_LONG_MIN_ROWS, 65536), 49, torch.float16, "split_row"),    # and k < 50 (measured at 50 and 64)
+    ((BLOCK_LONG_MIN_ROWS, 65536), 16, torch.float16, "block"),        # k16: 16.5 against 18.8
 ])
 def test_fused_topk_block_on_fewer_rows_of_up_to_16_long_tiles(shape, k, dtype, kernel):
     """csrc/topk/topk_dispatch.cpp, block_long_min_rows_per_100_sms / block_long_few_rows_per_100_sms: below 0.6 rows
-    per SM, 16-bit rows of 3-16 long tiles run one CTA per row from 0.18 rows per SM, of 3-13 from 0.06, for 50 <= k
-    <= 256 (H100, session 30, k = 50: 5-36% faster than split_row on 8-78 rows of 32768-131072; split_row faster on
-    64 x 151936 and on 16-20 rows of 131072)."""
+    per SM, 16-bit rows of 3-16 long tiles run one CTA per row from 0.18 rows per SM, of 3-13 from 0.06, for k <= 256
+    (H100, session 30, k = 50: 5-36% faster than split_row on 8-78 rows of 32768-131072; split_row faster on 64 x
+    151936 and on 16-20 rows of 131072; k = 8-32 mostly the same way)."""
     text = softmax_ops.explain(shape, dtype, op="fused_topk", k=k)
     assert f"kernel '{kernel}'" in text, text
     if kernel == "block":

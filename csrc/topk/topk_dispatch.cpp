@@ -124,8 +124,8 @@ struct TopkHeuristics {
   // 33.6 / 32.6, 264 x 50000 k50 (2 rows per SM) -4..-5%; but 512 x 50000 +11% and 1024 x 50000 58.0 / 57.9 ->
   // 66.5 / 65.2 (4 CTAs per SM of short tiles hold as many bytes in flight, and more rows at once).
   int64_t block_long_tile_max_rows_per_sm = 2;
-  // ... and below block_min_rows_per_100_sms, 16-bit rows of up to block_long_max_tiles long tiles (block_long_min_k
-  // <= k <= split_hist_min_k) run one CTA per row in long tiles from block_long_min_rows_per_100_sms rather than split, and
+  // ... and below block_min_rows_per_100_sms, 16-bit rows of up to block_long_max_tiles long tiles (k <=
+  // split_hist_min_k) run one CTA per row in long tiles from block_long_min_rows_per_100_sms rather than split, and
   // rows of up to block_long_few_max_tiles from block_long_few_rows_per_100_sms. H100, 2026-11-24, both kernels
   // forced, two runs each, fp16 / bf16 us, k50 (*session30-c9-boundary1/2*, *session30-c11-boundary1/2*):
   //   24 x 65536 block 17.3-18.0 / 16.9-17.7 against split_row 22.2-22.3 / 22.0-22.5, 64 x 65536 -24..-26%, 24-64 x
@@ -134,10 +134,10 @@ struct TopkHeuristics {
   //   long tiles) split_row 27.6-27.7 / 28.2 against block 29.9-30.0 / 28.7-29.5 (*session30-c5-boundary1/2*);
   //   8-20 rows: 16 x 32768 12.1-12.9 against 17.0-18.5 (-26..-31%), 8-20 x 65536 -9..-24%, 16-20 x 100000
   //   -7..-21%, 8 x 100000 even at fp16 (22.7-22.8 against 22.9-23.0) and -12..-15% at bf16; but 16-20 x 131072
-  //   split_row 22.4-23.6 against block 24.9-26.2. Not measured below 8 rows, nor for k < 50: split_row's chunk
-  //   epilogue and merge shrink with k (8 x 65536 k16: 14.6 / 17.0 us, session 30 call 1), the block kernel's row
-  //   does not, so smaller k keep split_row.
-  int64_t block_long_min_k = 50;
+  //   split_row 22.4-23.6 against block 24.9-26.2. Not measured below 8 rows.
+  //   Smaller k (*session30-c13-smallk*, one run): block wins on 24 x 65536 k16 (16.5 / 15.8 against 18.8 / 19.6),
+  //   16 x 32768 k16 (-27..-31%), 8-16 x 65536 k32 (-7..-13%), 8 x 65536 k8 (-8..-12%); mixed on 8-16 rows of
+  //   65536-100000 at k16 (fp16 split_row 4-10% faster, bf16 block 2-6% faster).
   int64_t block_long_min_rows_per_100_sms = 18;
   int64_t block_long_max_tiles = 16;
   int64_t block_long_few_rows_per_100_sms = 6;
@@ -303,8 +303,8 @@ int64_t block_long_max_tiles_for(int64_t rows, const TopkDeviceProps& props) {
 }
 
 bool block_long_tiles_beat_splitting(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
-  return n <= block_long_max_tiles_for(rows, props) * kLongTileElems && k >= kHeuristics.block_long_min_k &&
-         k <= kHeuristics.split_hist_min_k && block_long_tiles(rows, n, k, dtype, props);
+  return n <= block_long_max_tiles_for(rows, props) * kLongTileElems && k <= kHeuristics.split_hist_min_k &&
+         block_long_tiles(rows, n, k, dtype, props);
 }
 
 int64_t split_hist_splits(int64_t rows, int64_t n, const TopkDeviceProps& props) {
