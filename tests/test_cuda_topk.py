@@ -876,6 +876,30 @@ def test_rows_kernel_staged_walks_several_groups(dtype):
         check_topk(x[HARD_ROWS:-HARD_ROWS], k, -1, renormalize)
 
 
+# Spans whose every used slot lies in the row (RowSlots::load_packs: used * T == n) load without bound checks or -inf
+# padding; rows past the end of the last CTA take the checked path, in the same warps. Whole spans of the plain
+# instances (float32 everywhere, 16-bit 32 and 64), the staged ones (16-bit 128) and the batched ones (16-bit 256 and
+# 512: whole batches); float32 512 through the forced rows kernel (the dispatcher sends it to the warp kernel).
+WHOLE_SPAN_CASES = [(32, 4), (64, 6), (128, 8), (256, 8), (512, 8)]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", WHOLE_SPAN_CASES)
+def test_rows_kernel_whole_spans_and_a_partial_last_cta(n, k, dtype):
+    """Rows of whole spans on a row count that leaves the last CTA partial, the hard and special rows (NaN / +inf:
+    the reload) in front and again in the last rows: the reference order on every row, values within 2x torch's
+    error on the others, renormalized or not."""
+    rows = MANY_ROWS + 3
+    x = many_rows_with_hard_cases(n, torch.float64, seed=n + k, rows=rows)
+    x[-HARD_ROWS:] = x[:HARD_ROWS]
+    x = x.to(dtype).cuda()
+    for renormalize in (False, True):
+        check_reference_order(x, k, "rows", renormalize)
+        with softmax_ops.force_kernel("topk", "rows"):
+            check_topk(x[HARD_ROWS:-HARD_ROWS], k, -1, renormalize)
+
+
 @requires_cuda
 def test_rows_beyond_32_bit_element_offsets():
     """> 2^31 elements in total: 64-bit row offsets in the warp and block kernels."""

@@ -273,6 +273,21 @@ struct RowSlots {
   // past the row (or all, active == false) -inf.
   template <typename Fetch>
   __device__ __forceinline__ void load_packs(int n, bool active, Fetch&& fetch) {
+    // Spans whose every used slot lies in the row (used * T == n: e.g. 256 float32 values on 8 threads): the
+    // packs as they are, with no bound to check and no -inf to select, which took ~190 of the ~1390 instructions
+    // a warp issued on 65536 x 256 k8 float32 (Nsight Compute, H100, session 31).
+    if (active && used * T == n) {
+#pragma unroll
+      for (int p = 0; p < kCapacity / V; ++p) {
+        if (!group_used(p * V / kGroup)) continue;
+        const uint4 v = fetch(p);
+        raw[p * 4 + 0] = v.x;
+        raw[p * 4 + 1] = v.y;
+        raw[p * 4 + 2] = v.z;
+        raw[p * 4 + 3] = v.w;
+      }
+      return;
+    }
     const int packs = active ? n / V : 0;
 #pragma unroll
     for (int p = 0; p < kCapacity / V; ++p) {
