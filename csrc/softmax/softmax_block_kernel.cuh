@@ -572,8 +572,46 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       row_offset += edges.head;
     }
 
-    // Shared-memory packs first, as asynchronous copies when they are 16 bytes, so they are in flight
-    // while the register packs load. Each thread reads back only its own slots: no barrier, just a wait.
+    // The register packs, in flight before anything uses them. Where the chunk fills every thread's packs (CTA-
+    // uniform) they load with no bound to check and no -inf to merge: the merge of the padding into the loaded
+    // registers (a select, or PRMT merges of 16-bit halves) came right after the first loads and held back the
+    // later ones (sm_90 SASS; the same in fused_topk's rows kernel, where lifting it took 65536 x 256 k8 float32
+    // from 58.8 to 43.8 us, H100, session 31).
+    // float32 in and out only, and not peeled rows: H100, session 31 call 5 (A/B in turns, softmax / softmax_backward,
+    // us): float32 4x262144 11.9 -> 10.8, 4x65536 -6%, 3x100003 -6%, 64x151936 -3%, 4x1048576 -3%, 2048x131072 -2%,
+    // backward 64x151936 -4%, 4x65536..4x114688 -6..-11%; but 16-bit 64x151936 +5%, 2048x131072 bf16 +4.5% and
+    // float32 64x151935 (peeled) +10%, where ptxas spilled 16-32 bytes more (the 16-bit instances stay as they were).
+    constexpr bool kRegistersFirst =
+        !kStreamRest && !kPrefetch && !kPeel && std::is_same_v<In, float> && std::is_same_v<typename Op::Out, float>;
+    PackIn cache[S][PREG];
+    const auto load_register_packs = [&] {
+      if (kRegistersFirst && chunk_begin + static_cast<int64_t>(PREG) * threads <= chunk_cached_end) {
+#pragma unroll
+        for (int p = 0; p < PREG; ++p) {
+          const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
+#pragma unroll
+          for (int s = 0; s < S; ++s) cache[s][p] = load_vec<In, VEC>(args.in[s] + row_offset + k * VEC);
+        }
+        return;
+      }
+#pragma unroll
+      for (int p = 0; p < PREG; ++p) {
+        const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
+#pragma unroll
+        for (int s = 0; s < S; ++s) {
+          cache[s][p] = k < chunk_cached_end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC)
+                                       : filled_pack<In, VEC>(Op::pad(s));
+        }
+      }
+    };
+    // Before the shared-memory copies below where nothing else comes between: the wait for those copies (sm_90
+    // SASS: DEPBAR) was placed ahead of the register loads that followed them. The streaming instances fold the
+    // rest of the chunk first (the registers are not live yet); the prefetching ones (many rows, no shared-memory
+    // packs: nothing to reorder) read a prefetched row from shared memory.
+    if constexpr (kRegistersFirst) load_register_packs();
+
+    // Shared-memory packs, as asynchronous copies when they are 16 bytes, so they are in flight while the register
+    // packs load. Each thread reads back only its own slots: no barrier, just a wait.
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
 #pragma unroll
@@ -597,7 +635,6 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       streamed = fold_packs<Op, VEC, kStreamUnroll<Op, VEC>>(op, row_in, cached_end, end, tid, threads);
     }
 
-    PackIn cache[S][PREG];
     if (kPrefetch && row_prefetched) {
       wait_async_copies();  // only this thread's prefetch of this row is outstanding
 #pragma unroll
@@ -605,16 +642,8 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
 #pragma unroll
         for (int s = 0; s < S; ++s) cache[s][p] = load_vec<In, VEC>(staged_pack(s, p).v);
       }
-    } else {
-#pragma unroll
-      for (int p = 0; p < PREG; ++p) {
-        const int64_t k = chunk_begin + static_cast<int64_t>(p) * threads + tid;
-#pragma unroll
-        for (int s = 0; s < S; ++s) {
-          cache[s][p] = k < chunk_cached_end ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC)
-                                       : filled_pack<In, VEC>(Op::pad(s));
-        }
-      }
+    } else if constexpr (!kRegistersFirst) {
+      load_register_packs();
     }
     if constexpr (kAsyncFill) wait_async_copies();
     if constexpr (kPrefetch) {
