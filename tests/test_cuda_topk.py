@@ -321,6 +321,13 @@ def check_reference_order(x, k, kernel, renormalize):
     return values, ref_values
 
 
+def check_reference_order_and_values(x, k, kernel, renormalize, atol):
+    """check_reference_order, and the values that are not NaN within atol of the reference's."""
+    values, ref_values = check_reference_order(x, k, kernel, renormalize)
+    finite = ~torch.isnan(ref_values)
+    assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=atol)
+
+
 @requires_cuda
 @pytest.mark.parametrize("renormalize", [False, True])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
@@ -336,10 +343,8 @@ def test_forced_kernel_special_values(kernel, dtype, renormalize):
         for k in sorted({1, 3, min(n, 64), n}):
             if not n_supported(kernel, n, k, dtype):
                 continue
-            values, ref_values = check_reference_order(x, k, kernel, renormalize)
-            finite = ~torch.isnan(ref_values)
             tolerance = 1e-2 if dtype in (torch.float16, torch.bfloat16) else 1e-5
-            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+            check_reference_order_and_values(x, k, kernel, renormalize, tolerance)
 
 
 DTYPE_PAIRS = [
@@ -525,9 +530,7 @@ def test_chunk_producer_long_special_rows(kernel, dtype):
     for layout in (x, misaligned(x)):
         for k in (1, 50, 256):
             for renormalize in (False, True):
-                values, ref_values = check_reference_order(layout, k, kernel, renormalize)
-                finite = ~torch.isnan(ref_values)
-                assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+                check_reference_order_and_values(layout, k, kernel, renormalize, tolerance)
 
 
 @requires_cuda
@@ -557,9 +560,7 @@ def test_split_row_chunks_of_several_long_tiles(dtype):
         layouts = (x, misaligned(x)) if length == n else (x,)
         for layout in layouts:
             for k in (1, 50, 256, 300) if layout is x and length == n else (50,):
-                values, ref_values = check_reference_order(layout, k, "split_row", renormalize=k == 50)
-                finite = ~torch.isnan(ref_values)
-                assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=tolerance)
+                check_reference_order_and_values(layout, k, "split_row", k == 50, tolerance)
 
 
 @requires_cuda
@@ -576,9 +577,7 @@ def test_block_kernel_short_tiles_on_many_long_16_bit_rows(dtype):
         noise = torch.randn(rows - len(special), n, generator=torch.Generator().manual_seed(n)) * 3
         x = torch.cat([special, noise.double()]).to(dtype).cuda()
         for k in (1, 50):
-            values, ref_values = check_reference_order(x, k, "block", renormalize=k == 50)
-            finite = ~torch.isnan(ref_values)
-            assert torch.allclose(values.cpu().double()[finite], ref_values[finite], atol=1e-2)
+            check_reference_order_and_values(x, k, "block", k == 50, 1e-2)
 
 
 @requires_cuda

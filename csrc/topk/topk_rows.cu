@@ -750,13 +750,9 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
             kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
           } else if (plan.staged && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
             kernel = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
-            int device = 0;
-            int sms = 0;
-            cudaError_t status = cudaGetDevice(&device);
-            if (status == cudaSuccess) status = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-            if (status != cudaSuccess) return status;
+            if (plan.sm_count < 1) return cudaErrorInvalidValue;  // a rows plan carries its device's SM count
             constexpr int64_t kPerSm = kRowsMinBlocks<TIn, kK, true, false, true>;
-            blocks = std::min<int64_t>(blocks, sms * kPerSm);
+            blocks = std::min<int64_t>(blocks, static_cast<int64_t>(plan.sm_count) * kPerSm);
           }
         } else if (batched) {
           return cudaErrorInvalidValue;  // never reached while rows_batches_fit matches the instances
