@@ -876,9 +876,10 @@ def test_rows_kernel_staged_walks_several_groups(dtype):
 
 
 # Spans whose every used slot lies in the row (RowSlots::load_packs: used * T == n) load without bound checks or -inf
-# padding; rows past the end of the last CTA take the checked path, in the same warps. Whole spans of the plain
-# instances (float32 everywhere, 16-bit 32 and 64), the staged ones (16-bit 128) and the batched ones (16-bit 256 and
-# 512: whole batches); float32 512 through the forced rows kernel (the dispatcher sends it to the warp kernel).
+# padding; rows past the end of the last CTA take the checked path, in the same warps. On a 132-SM H100 these rows run
+# the plain instances (float32 everywhere, its 32 columns the exact-word one; 16-bit 32 and 64), the staged ones
+# (16-bit 128 and 256) and the batched one (16-bit 512: two whole batches); float32 512 through the forced rows kernel
+# (the dispatcher sends it to the warp kernel).
 WHOLE_SPAN_CASES = [(32, 4), (64, 6), (128, 8), (256, 8), (512, 8)]
 
 

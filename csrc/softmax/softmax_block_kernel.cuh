@@ -610,8 +610,9 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     // packs: nothing to reorder) read a prefetched row from shared memory.
     if constexpr (kRegistersFirst) load_register_packs();
 
-    // Shared-memory packs, as asynchronous copies when they are 16 bytes, so they are in flight while the register
-    // packs load. Each thread reads back only its own slots: no barrier, just a wait.
+    // Shared-memory packs, as asynchronous copies when they are 16 bytes (no registers held while they fly), in
+    // flight together with the register packs' loads (issued above, or below in the other instances). Each thread
+    // reads back only its own slots: no barrier, just a wait.
     for (int p = 0; p < smem_packs; ++p) {
       const int64_t k = chunk_begin + static_cast<int64_t>(PREG + p) * threads + tid;
 #pragma unroll

@@ -389,7 +389,7 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       const RowsLayout layout = rows_layout(rows, n, k, dtype, props);
       plan.lanes_per_row = layout.threads;
       plan.staged = layout.staged;
-      plan.sm_count = static_cast<int>(props.sm_count);
+      plan.sm_count = props.sm_count;
       break;
     }
   }

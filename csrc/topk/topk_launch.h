@@ -211,7 +211,7 @@ struct TopkPlan {
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
   bool staged = false;          // rows: a persistent grid staging each CTA's next rows in shared memory (where
                                 // the launcher's rows_batches_fit holds and the row needs no batches)
-  int sm_count = 0;             // rows: the device's SMs (a staged grid has a few resident CTAs on each)
+  int sm_count = 0;             // rows: the device's SMs (a staged grid has a few resident CTAs on each); 0 elsewhere
   int64_t peel_min_n = 0;       // block / split_row: rows of at least this many elements that are not vector_loads
                                 // read each row's body in vectors (RowEdges); 0: never
   bool peel = false;            // the launcher's decision from peel_min_n and the pointer
