@@ -1019,10 +1019,11 @@ def test_list_kernels_and_explain():
     assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
     text = softmax_ops.explain((16384, 160), torch.float16, op="fused_topk", k=6)
     assert "kernel 'rows'" in text and "SMs" in text
-    # float32 rows beyond rows_auto_max_n_fp32 (256) go to the warp kernel
+    # float32 rows beyond rows_auto_max_n_fp32 (256) go to the warp kernel unless each thread holds whole spans
     assert "kernel 'rows'" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
     assert "kernel 'rows'" in softmax_ops.explain((65536, 256), torch.float32, op="fused_topk", k=8)
-    assert "kernel 'warp'" in softmax_ops.explain((16384, 512), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'rows'" in softmax_ops.explain((16384, 512), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'warp'" in softmax_ops.explain((16384, 320), torch.float32, op="fused_topk", k=8)
     # rows of whole 16-byte vectors keep a vector per thread; others (scalar loads) spread over more threads
     assert "(8 threads per row" in softmax_ops.explain((4096, 64), torch.float16, op="fused_topk", k=4)
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)
