@@ -299,8 +299,6 @@ bool block_long_tiles(int64_t rows, int64_t n, int64_t k, DType dtype, const Top
          long_tiles_fit(n, k, dtype, props);
 }
 
-// Fewer rows than block_rows_enough that still run faster one CTA per row in long tiles than split (see
-// block_long_min_rows_per_100_sms).
 // The most long tiles per row for which one CTA per row beats splitting `rows` rows (0: none).
 int64_t block_long_max_tiles_for(int64_t rows, const TopkDeviceProps& props) {
   if (rows * 100 >= kHeuristics.block_long_min_rows_per_100_sms * props.sm_count) {
@@ -312,6 +310,8 @@ int64_t block_long_max_tiles_for(int64_t rows, const TopkDeviceProps& props) {
   return 0;
 }
 
+// Fewer rows than block_rows_enough that still run faster one CTA per row in long tiles than split (see
+// block_long_min_rows_per_100_sms).
 bool block_long_tiles_beat_splitting(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   return n <= block_long_max_tiles_for(rows, props) * kLongTileElems && k <= kHeuristics.split_hist_min_k &&
          block_long_tiles(rows, n, k, dtype, props);
@@ -605,25 +605,23 @@ const TopkDeviceProps& topk_device_props() {
 TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props,
                             std::string* why) {
   Text reason(why != nullptr);  // described only when asked: this runs on every call
-  const bool rows_whole = rows_fits(n, k, dtype) && n > rows_auto_max_n(dtype) &&
-                          rows_whole_spans(n, rows_layout(rows, n, k, dtype, props).threads);
-  if (rows_fits(n, k, dtype) && (n <= rows_auto_max_n(dtype) || rows_whole)) {
-    if (rows_whole) {
-      reason << "N=" << n << " > " << rows_auto_max_n(dtype) << " in whole spans of 8 values per thread and k=" << k
-             << " <= " << kRowsMaxK;
-    } else {
-      reason << "N=" << n << " <= " << rows_auto_max_n(dtype) << " and k=" << k << " <= " << kRowsMaxK;
-    }
-    reason << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
+  if (rows_fits(n, k, dtype)) {
+    // One rows layout for both the decision (whole spans on its threads) and the plan.
     const TopkPlan plan = plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
-    if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
-      reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "
-                "merge step fewer per row)";
-    } else if (plan.staged) {
-      reason << "; a CTA per SM at least and more than two 16-byte vectors per thread: staged in shared memory";
+    const bool within = n <= rows_auto_max_n(dtype);
+    if (within || rows_whole_spans(n, plan.lanes_per_row)) {
+      reason << "N=" << n << (within ? " <= " : " > ") << rows_auto_max_n(dtype)
+             << (within ? "" : " in whole spans of 8 values per thread") << " and k=" << k << " <= " << kRowsMaxK
+             << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
+      if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
+        reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "
+                  "merge step fewer per row)";
+      } else if (plan.staged) {
+        reason << "; a CTA per SM at least and more than two 16-byte vectors per thread: staged in shared memory";
+      }
+      if (why != nullptr) *why = reason.str();
+      return plan;
     }
-    if (why != nullptr) *why = reason.str();
-    return plan;
   }
   TopkKernel kernel;
   if (n <= warp_max_n(dtype) && k <= kHeuristics.warp_max_k) {
