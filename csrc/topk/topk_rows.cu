@@ -271,9 +271,9 @@ struct RowSlots {
   }
 
   // The 16-byte layout's used packs from fetch(p) (pack p of this thread: the row's vector p * T + t), the packs
-  // past the row (or all, active == false) -inf.
-  template <typename Fetch>
-  __device__ __forceinline__ void load_packs(int n, bool active, Fetch&& fetch) {
+  // past the row (or all, active == false) -inf: fetch_or(p, valid, pad) is fetch(p) where valid, else pad.
+  template <typename Fetch, typename FetchOr>
+  __device__ __forceinline__ void load_packs(int n, bool active, Fetch&& fetch, FetchOr&& fetch_or) {
     // Spans whose every used slot lies in the row (used * T == n: e.g. 256 float32 values on 8 threads): the
     // packs as they are, with no bound to check and no -inf to select, which took ~190 of the ~1390 instructions
     // a warp issued on 65536 x 256 k8 float32 (Nsight Compute, H100, session 31).
@@ -293,21 +293,21 @@ struct RowSlots {
 #pragma unroll
     for (int p = 0; p < kCapacity / V; ++p) {
       if (!group_used(p * V / kGroup)) continue;
-      const bool valid = p * T + t < packs;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (valid) v = fetch(p);
-      const uint4 pad = neg_inf_raw16<TIn>();
-      raw[p * 4 + 0] = valid ? v.x : pad.x;
-      raw[p * 4 + 1] = valid ? v.y : pad.y;
-      raw[p * 4 + 2] = valid ? v.z : pad.z;
-      raw[p * 4 + 3] = valid ? v.w : pad.w;
+      const uint4 v = fetch_or(p, p * T + t < packs, neg_inf_raw16<TIn>());
+      raw[p * 4 + 0] = v.x;
+      raw[p * 4 + 1] = v.y;
+      raw[p * 4 + 2] = v.z;
+      raw[p * 4 + 3] = v.w;
     }
   }
 
   // Loads the row (active == false: every slot -inf).
   __device__ __forceinline__ void load(const TIn* row, int n, bool active) {
     if constexpr (kVector) {
-      load_packs(n, active, [&](int p) { return __ldcs(reinterpret_cast<const uint4*>(row) + p * T + t); });
+      const uint4* packs = reinterpret_cast<const uint4*>(row);
+      load_packs(
+          n, active, [&](int p) { return __ldcs(packs + p * T + t); },
+          [&](int p, bool valid, uint4 pad) { return detail::load_16_or<true>(packs + p * T + t, valid, pad); });
     } else {
       const int limit = active ? n : 0;
 #pragma unroll
@@ -344,7 +344,12 @@ struct RowSlots {
   // load() from the staging buffer that stage_row filled.
   __device__ __forceinline__ void load_staged(const uint4* stage, int n, bool active) {
     static_assert(kVector, "staged rows: the 16-byte layout");
-    load_packs(n, active, [&](int p) { return stage[p * kRowsThreads + threadIdx.x]; });
+    const auto fetch = [&](int p) { return stage[p * kRowsThreads + threadIdx.x]; };
+    load_packs(n, active, fetch, [&](int p, bool valid, uint4 pad) {
+      uint4 v = make_uint4(0, 0, 0, 0);  // shared memory: ptxas already issues these loads together
+      if (valid) v = fetch(p);
+      return make_uint4(valid ? v.x : pad.x, valid ? v.y : pad.y, valid ? v.z : pad.z, valid ? v.w : pad.w);
+    });
   }
 
   // The largest value of the thread's used slots (NaN ignored, as fmaxf; -inf when there is none). 16-bit
