@@ -876,20 +876,23 @@ def test_rows_kernel_staged_walks_several_groups(dtype):
 
 
 # Spans whose every used slot lies in the row (RowSlots::load_packs: used * T == n) load without bound checks or -inf
-# padding; rows past the end of the last CTA take the checked path, in the same warps. On a 132-SM H100 these rows run
-# the plain instances (float32 everywhere, its 32 columns the exact-word one; 16-bit 32 and 64), the staged ones
-# (16-bit 128 and 256) and the batched one (16-bit 512: two whole batches); float32 512 through the forced rows kernel
-# (the dispatcher sends it to the warp kernel).
+# padding; others load each 16-byte pack by a predicated load over -inf (detail::load_16_or); rows past the end of the
+# last CTA take the checked path, in the same warps. On a 132-SM H100 the whole spans run the plain instances
+# (float32 everywhere, its 32 columns the exact-word one; 16-bit 32 and 64), the staged ones (16-bit 128 and 256)
+# and the batched one (16-bit 512: two whole batches); the partial spans the plain instances (float32 everywhere,
+# 16-bit 40 and 480 at k = 2), the staged ones (16-bit 160 and 200) and the batched one with a partial last batch
+# (16-bit 480 at k = 8).
 WHOLE_SPAN_CASES = [(32, 4), (64, 6), (128, 8), (256, 8), (512, 8)]
+PARTIAL_SPAN_CASES = [(40, 4), (160, 6), (200, 8), (480, 8), (480, 2)]
 
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,k", WHOLE_SPAN_CASES)
-def test_rows_kernel_whole_spans_and_a_partial_last_cta(n, k, dtype):
-    """Rows of whole spans on a row count that leaves the last CTA partial, the hard and special rows (NaN / +inf:
-    the reload) in front and again in the last rows: the reference order on every row, values within 2x torch's
-    error on the others, renormalized or not."""
+@pytest.mark.parametrize("n,k", WHOLE_SPAN_CASES + PARTIAL_SPAN_CASES)
+def test_rows_kernel_spans_and_a_partial_last_cta(n, k, dtype):
+    """Rows of whole and of partial spans on a row count that leaves the last CTA partial, the hard and special rows
+    (NaN / +inf: the reload) in front and again in the last rows: the reference order on every row, values within
+    2x torch's error on the others, renormalized or not."""
     rows = MANY_ROWS + 3
     x = many_rows_with_hard_cases(n, torch.float64, seed=n + k, rows=rows)
     x[-HARD_ROWS:] = x[:HARD_ROWS]
@@ -1019,11 +1022,12 @@ def test_list_kernels_and_explain():
     assert softmax_ops.list_kernels("topk_backward") == BACKWARD_KERNELS
     text = softmax_ops.explain((16384, 160), torch.float16, op="fused_topk", k=6)
     assert "kernel 'rows'" in text and "SMs" in text
-    # float32 rows beyond rows_auto_max_n_fp32 (256) go to the warp kernel unless each thread holds whole spans
+    # float32 rows beyond rows_auto_max_n_fp32 (256) go to the warp kernel unless they are whole 16-byte vectors
     assert "kernel 'rows'" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
     assert "kernel 'rows'" in softmax_ops.explain((65536, 256), torch.float32, op="fused_topk", k=8)
     assert "kernel 'rows'" in softmax_ops.explain((16384, 512), torch.float32, op="fused_topk", k=8)
-    assert "kernel 'warp'" in softmax_ops.explain((16384, 320), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'rows'" in softmax_ops.explain((16384, 320), torch.float32, op="fused_topk", k=8)
+    assert "kernel 'warp'" in softmax_ops.explain((16384, 321), torch.float32, op="fused_topk", k=8)
     # rows of whole 16-byte vectors keep a vector per thread; others (scalar loads) spread over more threads
     assert "(8 threads per row" in softmax_ops.explain((4096, 64), torch.float16, op="fused_topk", k=4)
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)

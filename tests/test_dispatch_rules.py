@@ -377,19 +377,23 @@ def test_many_16_bit_router_rows_run_staged(shape, k, dtype, threads, staged):
     ((16384, 512), 2, "rows"),     # 19.6 against 24.5 / 24.4
     ((4096, 512), 8, "rows"),      # -10%
     ((16384, 384), 8, "rows"),     # 16 threads x 24 values: 22.5 against 28.1
-    ((16384, 320), 6, "warp"),     # 16 threads x 20 of 24 slots: rows 26.0 / 26.4 against 22.6 / 22.5
-    ((16384, 288), 8, "warp"),     # rows 26.5-27.3 against 26.3
-    ((16384, 448), 8, "warp"),     # 28 of 32 slots
+    ((16384, 320), 8, "rows"),     # 16 threads x 20 of 24 slots: 22.5 / 22.9 against 26.4 / 26.0 (session 32)
+    ((16384, 320), 4, "rows"),     # 17.3 / 17.1 against 21.4 / 20.7
+    ((16384, 288), 8, "rows"),     # 22.2 / 22.7 against 25.6 / 25.4
+    ((16384, 480), 8, "rows"),     # 27.1 / 26.9 against 31.9 / 32.5
+    ((16384, 260), 8, "rows"),     # a whole vector past 256
+    ((16384, 257), 8, "warp"),     # single elements: not measured against the warp kernel
+    ((16384, 510), 8, "warp"),
     ((16384, 514), 8, "warp"),     # beyond the rows kernel
 ])
-def test_float32_router_rows_beyond_256_run_rows_in_whole_spans(shape, k, kernel):
-    """csrc/topk/topk_dispatch.cpp, rows_whole_spans: float32 rows longer than rows_auto_max_n_fp32 (256) run the
-    rows kernel where every thread holds whole groups of 8 values of the row (n a multiple of 8 x its threads), the
-    warp kernel otherwise (H100, session 31 call 9, both kernels forced)."""
+def test_float32_router_rows_beyond_256_run_rows_in_whole_vectors(shape, k, kernel):
+    """csrc/topk/topk_dispatch.cpp, rows_whole_vectors: float32 rows longer than rows_auto_max_n_fp32 (256) run the
+    rows kernel where they are whole 16-byte vectors (n a multiple of 4), the warp kernel otherwise (H100, session 31
+    call 9 and session 32 call 2, both kernels forced)."""
     text = softmax_ops.explain(shape, torch.float32, op="fused_topk", k=k)
     assert f"kernel '{kernel}'" in text, text
     if kernel == "rows" and shape[1] > 256:
-        assert "in whole spans of 8 values per thread" in text, text
+        assert "in whole 16-byte vectors" in text, text
 
 
 @pytest.mark.parametrize("shape,k,dtype,peeled", [

@@ -83,8 +83,8 @@ struct TopkHeuristics {
   //     8.1 / 8.6 (fp16; bf16 8.5 / 9.0 / 8.5 against 8.3 / 8.2 and a 14.1 outlier): the vector floor.
   int64_t rows_staged_min_ctas_per_sm = 1;
   int64_t rows_staged_min_vectors_per_thread = 2;
-  // float32 rows longer than this go to the warp kernel (see rows_auto_max_n), unless each thread of the rows
-  // layout holds a whole span of the row (rows_whole_spans).
+  // float32 rows longer than this go to the warp kernel (see rows_auto_max_n), unless they are whole 16-byte
+  // vectors (rows_whole_vectors).
   int64_t rows_auto_max_n_fp32 = 256;
   // block / split_row hold k + one 4096-element tile + 2048 slack candidates in shared memory
   // (k = 4096: 80 KB fp32, 160 KB fp64; long tiles only where theirs fits); larger k goes to radix.
@@ -213,14 +213,17 @@ bool rows_fits(int64_t n, int64_t k, DType dtype) {
 // lost at 512 (16384x512 k8: 36.0 vs 32.4); 16-bit rows won everywhere up to 512.
 int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuristics.rows_auto_max_n_fp32 : kRowsMaxN; }
 
-// Whether rows of n on `threads` threads hold whole spans of the row: n a multiple of threads x 8 slots (a whole
-// number of the kernel's groups of 8 values per thread), the rows kernel's unchecked 16-byte loads (topk_rows.cu,
-// RowSlots::load_packs) where the data is 16-byte aligned. With them float32 rows beyond rows_auto_max_n_fp32 beat
-// the warp kernel; without, they do not. H100, 2026-11-24 (session 31 call 9, both forced, two runs, us): 16384x512
-// k8 rows 25.4 / 26.0 against warp 32.0 / 31.9, k4 20.6 / 20.5 against 26.1 / 25.9, k2 19.6 against 24.5 / 24.4,
-// 65536x512 k8 73.2 / 72.4 against 88.2 / 88.1, 8192x512 k8 -16%, 4096x512 k8 -10%, 16384x384 k8 22.5 against 28.1;
-// but 16384x320 k6 (20 of 24 slots) 26.0 / 26.4 against 22.6 / 22.5 and 16384x288 k8 26.5-27.3 against 26.3.
-bool rows_whole_spans(int64_t n, int64_t threads) { return n % (threads * kRowsWholeSpanSlots) == 0; }
+// Whether float32 rows beyond rows_auto_max_n_fp32 run the rows kernel: rows of whole 16-byte vectors (n a multiple
+// of 4), whose loads no longer wait for each other (topk_rows.cu, RowSlots::load_packs: whole spans unchecked since
+// session 31, partial ones through predicated loads since session 32). There the rows kernel beats the warp kernel.
+// H100, 2026-11-24, both forced, two runs, us: session 31 call 9 (whole spans) 16384x512 k8 rows 25.4 / 26.0 against
+// warp 32.0 / 31.9, k2 19.6 against 24.5 / 24.4, 65536x512 k8 73.2 / 72.4 against 88.2 / 88.1, 16384x384 k8 22.5
+// against 28.1; session 32 call 2 (partial spans, *session32-c2-fp32-rows-vs-warp1/2*) 16384x320 k8 22.5 / 22.9
+// against 26.4 / 26.0, k4 17.3 / 17.1 against 21.4 / 20.7, 16384x288 k8 22.2 / 22.7 against 25.6 / 25.4, 16384x400
+// k8 25.7 / 25.5 against 30.9 / 30.1, 16384x480 k8 27.1 / 26.9 against 31.9 / 32.5, 65536x320 k8 62.5 / 61.6 against
+// 72.1 / 71.5; 8192x320 k6 even (16.4 / 15.6 against 16.0 / 16.1). Rows of single elements (n not a multiple of
+// 4) were not measured and stay on the warp kernel; so does the scalar instance's first measurement (session 8).
+bool rows_whole_vectors(int64_t n, DType dtype) { return n % vec_elems(dtype) == 0; }
 
 // The rows kernel's threads per row, and whether its instances stage rows in shared memory (TopkPlan::staged).
 struct RowsLayout {
@@ -606,12 +609,11 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
                             std::string* why) {
   Text reason(why != nullptr);  // described only when asked: this runs on every call
   if (rows_fits(n, k, dtype)) {
-    // One rows layout for both the decision (whole spans on its threads) and the plan.
-    const TopkPlan plan = plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
     const bool within = n <= rows_auto_max_n(dtype);
-    if (within || rows_whole_spans(n, plan.lanes_per_row)) {
+    if (within || rows_whole_vectors(n, dtype)) {
+      const TopkPlan plan = plan_for(TopkKernel::kRows, rows, n, k, dtype, props, false);
       reason << "N=" << n << (within ? " <= " : " > ") << rows_auto_max_n(dtype)
-             << (within ? "" : " in whole spans of 8 values per thread") << " and k=" << k << " <= " << kRowsMaxK
+             << (within ? "" : " in whole 16-byte vectors") << " and k=" << k << " <= " << kRowsMaxK
              << ": router rows, a sorted top-" << next_pow2(k) << " list per thread in registers";
       if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
         reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "

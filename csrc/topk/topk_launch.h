@@ -69,9 +69,6 @@ constexpr int kRowsSlotsPerThread = 32;
 constexpr int kRowsMaxThreadsPerRow = 16;
 constexpr int64_t kRowsMaxK = 8;
 constexpr int64_t kRowsMaxN = kRowsSlotsPerThread * kRowsMaxThreadsPerRow;
-// A thread's slots are used in groups of this many values (topk_rows.cu kGroup): a row of a multiple of threads x
-// this many values gives every thread whole groups, all in the row.
-constexpr int64_t kRowsWholeSpanSlots = 8;
 // ... or, for 16-bit rows read in 16-byte vectors whose top-K lists (K = k rounded up to a power of two) hold at
 // least kRowsBatchedMinK words, rows of up to kRowsMaxN values on fewer threads: each thread then walks its share
 // in batches of kRowsSlotsPerThread (topk_rows.cu). The same rows also have staged instances (TopkPlan::staged).

@@ -38,7 +38,6 @@ namespace {
 
 constexpr int kSlots = kRowsSlotsPerThread;  // 32
 constexpr int kGroup = 8;                    // slots per accuracy group of the sum
-static_assert(kGroup == kRowsWholeSpanSlots, "the dispatcher's whole spans are whole groups (rows_whole_spans)");
 // CTAs of 128 threads per SM at least, i.e. the register budget (ptxas -v, nvcc 13.0, sm_90). Many-row shapes
 // (65536x256: 31 CTAs per SM to run) are latency-bound at the occupancy registers allow (Nsight Compute, H100,
 // fp16: 10.5 cycles per issued instruction, issue slots 59% busy, 44% occupancy; session 11), so each instance
