@@ -306,7 +306,7 @@ struct RowSlots {
       const uint4* packs = reinterpret_cast<const uint4*>(row);
       load_packs(
           n, active, [&](int p) { return __ldcs(packs + p * T + t); },
-          [&](int p, bool valid, uint4 pad) { return detail::load_16_or<true>(packs + p * T + t, valid, pad); });
+          [&](int p, bool valid, uint4 pad) { return detail::load_16_cs_or(packs + p * T + t, valid, pad); });
     } else {
       const int limit = active ? n : 0;
 #pragma unroll

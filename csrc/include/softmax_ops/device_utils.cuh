@@ -144,23 +144,16 @@ __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
 #endif
 }
 
-// 16 bytes from gmem where `valid`, else `fallback`: one predicated load into registers that already hold
-// fallback. The usual form, a load and then `valid ? v : fallback`, puts a select on the loaded registers right
-// after the load; a warp issues in order, so it waits there for the data and every later load waits with it
-// (sm_90 SASS of the fused_topk rows kernel and the softmax block kernel: each load in turn, session 31). Here
-// nothing reads the registers before their first use. kEvictFirst: ld.global.cs (data read once).
-template <bool kEvictFirst>
-__device__ __forceinline__ uint4 load_16_or(const void* gmem, bool valid, uint4 fallback) {
+// 16 bytes from gmem where `valid`, else `fallback`, as an evict-first load (ld.global.cs, data read once): one
+// predicated load into registers that already hold fallback. The usual form, a load and then `valid ? v :
+// fallback`, puts a select on the loaded registers right after the load; a warp issues in order, so it waits there
+// for the data and every later load waits with it (sm_90 SASS of the fused_topk rows kernel, session 32). Here
+// nothing reads the registers before their first use.
+__device__ __forceinline__ uint4 load_16_cs_or(const void* gmem, bool valid, uint4 fallback) {
   uint4 v = fallback;
-  if constexpr (kEvictFirst) {
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t@p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "r"(static_cast<int>(valid)), "l"(gmem));
-  } else {
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t@p ld.global.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
-        : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
-        : "r"(static_cast<int>(valid)), "l"(gmem));
-  }
+  asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t@p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "r"(static_cast<int>(valid)), "l"(gmem));
   return v;
 }
 
