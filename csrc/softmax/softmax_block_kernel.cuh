@@ -646,7 +646,6 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
     } else if constexpr (!kRegistersFirst) {
       load_register_packs();
     }
-    if constexpr (kAsyncFill) wait_async_copies();
     if constexpr (kPrefetch) {
       // The slots were just read into registers (same thread, program order); DRAM now serves the next
       // row while this one is reduced and written, instead of idling through the math of every CTA.
@@ -678,6 +677,13 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
       };
 #pragma unroll
       for (int p = 0; p < PREG; ++p) visit_pack([&](int s) -> const PackIn& { return cache[s][p]; });
+      // The shared-memory packs' copies are waited for here, after the register packs are in use, not right after
+      // the loads: there ptxas placed the wait (sm_90 SASS: DEPBAR) ahead of the 16-bit instances' register loads,
+      // which then waited for the copies before they were issued. The first visit waits; later ones find nothing
+      // outstanding (the prefetching instances have no shared-memory packs).
+      if constexpr (kAsyncFill) {
+        if (smem_packs > 0) wait_async_copies();
+      }
       for (int p = 0; p < smem_packs; ++p) {
         const auto staged = staged_slot(p);
         visit_pack([&](int s) -> const PackIn& { return staged.stream[s]; });
