@@ -3,7 +3,8 @@
 The bench times each call with triton's do_bench, which flushes the L2 before every call and records CUDA
 events around it, so even a kernel that does nothing reads as a few microseconds. This prints, per fused_topk
 case and dtype, the median of an empty kernel (``torch.cuda._sleep(0)``), of ``x.sum(-1)`` (the xSum
-yardstick), of ``y.copy_(x)``, of our fused_topk and of eager ``topk(softmax(x.float()))``, each timed in
+yardstick), of ``y.copy_(x)``, of our fused_topk and of eager ``topk(softmax(x, dtype=float32))`` (both as the bench
+calls them: float32 values), each timed in
 ``--rounds`` interleaved rounds (the fastest round shown), and what 10x eager would need. One GPU call::
 
     python3 benchmarks/launch_floor_probe.py --topk 16384x8k2,16384x64k6 --dtypes fp16,fp32
@@ -22,7 +23,7 @@ def calls(torch, softmax_ops, x, y, k: int) -> dict:
         "empty": lambda: torch.cuda._sleep(0),
         "sum": lambda: x.sum(-1),
         "copy": lambda: y.copy_(x),
-        "ours": lambda: softmax_ops.fused_topk(x, k),
+        "ours": lambda: softmax_ops.fused_topk(x, k, -1, False, torch.float32),
         "eager": lambda: torch.topk(torch.softmax(x, -1, dtype=torch.float32), k),
     }
 

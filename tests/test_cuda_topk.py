@@ -876,8 +876,9 @@ def test_rows_kernel_staged_walks_several_groups(dtype):
 
 
 # Spans whose every used slot lies in the row (RowSlots::load_packs: used * T == n) load without bound checks or -inf
-# padding; others load each 16-byte pack by a predicated load over -inf (detail::load_16_cs_or); rows past the end of the
-# last CTA take the checked path, in the same warps. On a 132-SM H100 the whole spans run the plain instances
+# padding; others load each 16-byte pack by a predicated load over -inf (detail::load_16_cs_or; the staged instances
+# read theirs from shared memory and use it only for the NaN / +inf reload); rows past the end of the last CTA take the
+# checked path, in the same warps. On a 132-SM H100 the whole spans run the plain instances
 # (float32 everywhere, its 32 columns the exact-word one; 16-bit 32 and 64), the staged ones (16-bit 128 and 256)
 # and the batched one (16-bit 512: two whole batches); the partial spans the plain instances (float32 everywhere,
 # 16-bit 40 and 480 at k = 2), the staged ones (16-bit 160 and 200) and the batched one with a partial last batch

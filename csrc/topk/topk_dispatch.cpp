@@ -222,8 +222,8 @@ int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuris
 // against 26.4 / 26.0, k4 17.3 / 17.1 against 21.4 / 20.7, 16384x288 k8 22.2 / 22.7 against 25.6 / 25.4, 16384x400
 // k8 25.7 / 25.5 against 30.9 / 30.1, 16384x480 k8 27.1 / 26.9 against 31.9 / 32.5, 65536x320 k8 62.5 / 61.6 against
 // 72.1 / 71.5; 8192x320 k6 even (16.4 / 15.6 against 16.0 / 16.1). Rows of single elements (n not a multiple of
-// 4) were not measured and stay on the warp kernel; such rows whose data is not 16-byte aligned run the rows
-// kernel's scalar instance, which was not timed against the warp kernel.
+// 4) were not measured and stay on the warp kernel. Rows of whole vectors whose data is not 16-byte aligned run the
+// rows kernel's scalar instance, which was not timed against the warp kernel.
 bool rows_whole_vectors(int64_t n, DType dtype) { return n % vec_elems(dtype) == 0; }
 
 // The rows kernel's threads per row, and whether its instances stage rows in shared memory (TopkPlan::staged).

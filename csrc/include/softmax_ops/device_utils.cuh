@@ -148,7 +148,10 @@ __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
 // predicated load into registers that already hold fallback. The usual form, a load and then `valid ? v :
 // fallback`, puts a select on the loaded registers right after the load; a warp issues in order, so it waits there
 // for the data and every later load waits with it (sm_90 SASS of the fused_topk rows kernel, session 32). Here
-// nothing reads the registers before their first use.
+// nothing reads the registers before their first use. Not volatile and without a memory clobber, as a load of data
+// that stays unchanged while the kernel runs: the compiler may merge two such loads of one address (the rows kernel's
+// NaN / +inf reload then reads the same values), and a kernel launched as a programmatic dependent must not use it
+// before griddepcontrol.wait.
 __device__ __forceinline__ uint4 load_16_cs_or(const void* gmem, bool valid, uint4 fallback) {
   uint4 v = fallback;
   asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %4, 0;\n\t@p ld.global.cs.v4.u32 {%0, %1, %2, %3}, [%5];\n\t}"
