@@ -185,8 +185,8 @@ struct ChunkTopk {
   // 16-bit types take the tile's maximum and the filter two values at a time from the raw 32-bit words
   // (VHMNMX / HSET2 on sm_90, for 4096-element tiles: 7 instructions for the maximum of 16 values instead of 15,
   // 16 for the take mask instead of ~41; long tiles twice that), so their take-mask bit of value (u, j) is
-  // pair_bit(u, j): word u * 4 + j / 2, the word's low value in the low 16 bits, its high value 16 bits above. Other types: bit u * V + j (valid_mask's and
-  // candidate's layout, which split_hist also uses).
+  // pair_bit(u, j): word u * 4 + j / 2, the word's low value in the low 16 bits, its high value 16 bits above.
+  // Other types: bit u * V + j (valid_mask's and candidate's layout, which split_hist also uses).
   static constexpr bool kPairs = sizeof(TIn) == 2;
   static_assert(!kPairs || U * 4 <= 16, "16 words per thread at most: one low and one high mask bit each");
   static __device__ __forceinline__ constexpr int pair_bit(int u, int j) { return (j % 2) * 16 + u * 4 + j / 2; }

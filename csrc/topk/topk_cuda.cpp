@@ -42,7 +42,7 @@ std::vector<int64_t> with_last(const at::Tensor& t, int64_t last) {
 
 // 16-byte vector loads need every row start aligned: an aligned base and rows of whole 16-byte vectors.
 bool rows_are_vector_aligned(const void* ptr, int64_t n, DType dtype) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (n * dtype_bytes(dtype)) % 16 == 0;
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && whole_vectors(n, dtype);
 }
 
 // Rows that are not rows_are_vector_aligned, read as each row's aligned body of vectors and its < 2 V edge

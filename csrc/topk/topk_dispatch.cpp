@@ -224,7 +224,7 @@ int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuris
 // 72.1 / 71.5; 8192x320 k6 even (16.4 / 15.6 against 16.0 / 16.1). Rows of single elements (n not a multiple of
 // 4) were not measured and stay on the warp kernel. Rows of whole vectors whose data is not 16-byte aligned run the
 // rows kernel's scalar instance, which was not timed against the warp kernel.
-bool rows_whole_vectors(int64_t n, DType dtype) { return n % vec_elems(dtype) == 0; }
+bool rows_whole_vectors(int64_t n, DType dtype) { return whole_vectors(n, dtype); }
 
 // The rows kernel's threads per row, and whether its instances stage rows in shared memory (TopkPlan::staged).
 struct RowsLayout {
@@ -237,7 +237,7 @@ RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const To
   // Rows of whole 16-byte vectors (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the
   // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, a plan in batches
   // falls back to `threads` in the launcher, and a staged plan to the plain instance at its threads).
-  const bool vector_sized = (n * dtype_bytes(dtype)) % 16 == 0;
+  const bool vector_sized = whole_vectors(n, dtype);
   // Many rows that take batches: half the threads.
   if (rows_batches_fit(dtype, k, vector_sized) && threads >= kHeuristics.rows_batch_min_threads &&
       rows * (threads / 2) >= kHeuristics.rows_batch_min_warps_per_sm * props.sm_count * 32) {
@@ -482,8 +482,8 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
   // The launcher peels by the actual pointer (plan_peels_rows, topk_cuda.cpp); a contiguous tensor's rows are
   // aligned exactly when they are whole vectors.
   const bool block_family = plan.kernel == TopkKernel::kBlock || plan.kernel == TopkKernel::kSplitRow;
-  const bool whole_vectors = (n * dtype_bytes(in)) % 16 == 0;
-  const bool peel = !whole_vectors && plan_peels_length(plan, n);
+  const bool vector_sized = whole_vectors(n, in);
+  const bool peel = !vector_sized && plan_peels_length(plan, n);
   out << "kernel '" << topk_kernel_name(plan.kernel) << "'";
   switch (plan.kernel) {
     case TopkKernel::kRows: {
@@ -531,7 +531,7 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
     out << "; tiles of " << kLongTileElems << ": 16-bit rows of >= " << kHeuristics.long_tile_min_elems
         << " elements per CTA and at most 2 CTAs per SM, where 4096-element tiles keep too few bytes in flight";
   }
-  if (block_family && !whole_vectors) {
+  if (block_family && !vector_sized) {
     out << "; rows of " << n << " elements are not whole 16-byte vectors: "
         << (peel ? "each row's aligned body is read in vectors, the elements around it singly"
                  : "single-element loads");

@@ -42,6 +42,8 @@ inline int dtype_bytes(DType t) {
 }
 // Elements per 16-byte vector access.
 inline int vec_elems(DType t) { return 16 / dtype_bytes(t); }
+// Whether n elements of t fill whole 16-byte vectors (a row of them keeps the next row's start on a vector boundary).
+inline bool whole_vectors(int64_t n, DType t) { return n % vec_elems(t) == 0; }
 
 inline int64_t next_pow2(int64_t v) {
   int64_t p = 1;
