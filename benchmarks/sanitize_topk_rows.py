@@ -1,7 +1,7 @@
 """compute-sanitizer target for the fused_topk rows kernel, forced on small awkward shapes: vector and
 misaligned (scalar) loads, every K instance, renormalize on/off, partial CTAs, and rows of equal values (float32's
-exact-word fallback); and on many rows (few threads per row, 16-32 values per thread, and 16-bit rows in
-batches and staged).
+exact-word fallback); and on many rows (few threads per row, 16-32 values per thread, 16-bit rows in batches and
+on the threads that hold them).
 
 Usage on a GPU machine: compute-sanitizer --tool memcheck --error-exitcode 1 python3 benchmarks/sanitize_topk_rows.py
 """
@@ -47,17 +47,16 @@ with softmax_ops.force_kernel("topk", "rows"):
                 x[rows - 1, n - 1] = float("inf")
                 softmax_ops.fused_topk(x, k, -1, True)
                 runs += 2
-    # Staged instances walking several groups per CTA (two per resident CTA and a partial one), NaN / +inf rows
-    # (the reload with the next group's copy in flight).
+    # Many 16-bit rows on the threads that hold them (3-4 packs per thread), NaN / +inf rows (the reload).
     for dtype in (torch.float16, torch.bfloat16):
-        rows, n = 2 * 8 * sms * 32 + 5, 128
-        assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=8)
-        for k in (4, 8):
-            x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
-            softmax_ops.fused_topk(x, k, -1, False)
-            x[3, 7] = float("nan")
-            x[rows - 2, 0] = float("inf")
-            softmax_ops.fused_topk(x, k, -1, True)
-            runs += 2
+        for rows, n in ((2 * 8 * sms * 32 + 5, 128), (16384 + 3, 200)):
+            assert "batches" not in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=8)
+            for k in (4, 8):
+                x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
+                softmax_ops.fused_topk(x, k, -1, False)
+                x[3, 7] = float("nan")
+                x[rows - 2, 0] = float("inf")
+                softmax_ops.fused_topk(x, k, -1, True)
+                runs += 2
 torch.cuda.synchronize()
 print(f"rows kernel: {runs} runs")

@@ -831,14 +831,14 @@ def test_rows_kernel_in_batches(n, k, dtype):
     check_planned_rows(x, k, HARD_ROWS + 1, float32_renormalize=True)
 
 
-# 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run staged on many rows (topk_dispatch.cpp,
-# rows_staged_min_ctas_per_sm): a persistent grid, each CTA copying its next group of rows into shared memory while
-# it ranks the current one. Lengths of 3 or 4 packs per thread (fewer do not run staged), 1 to 16 threads per row;
-# both K instances (4, 8).
-STAGED_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
+# 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run on the threads that hold the row
+# (topk_dispatch.cpp, rows_one_wave_warps_per_sm; session 29's staged instances ran these rows until session 33).
+# Lengths of 1 to 4 packs per thread, 1 to 16 threads per row, both K instances (4, 8), on enough rows that the
+# few-row doubling does not apply and, for 512 columns, too few for batches.
+VECTOR_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
 
 
-def staged_rows(n: int) -> int:
+def rows_on_holding_threads(n: int) -> int:
     """Rows of n that keep the fewest threads holding a row on this GPU (8 warps per SM: the dispatcher's few-row
     doubling stops there)."""
     return -(-8 * sm_count() * 32 // fewest_row_threads(n)) + 64
@@ -846,43 +846,25 @@ def staged_rows(n: int) -> int:
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n,k", STAGED_ROWS_CASES)
-def test_rows_kernel_staged(n, k, dtype):
-    """The rows kernel's staged instances (the dispatcher's own plan on 16384 rows; 4096 for 512 columns, which
+@pytest.mark.parametrize("n,k", VECTOR_ROWS_CASES)
+def test_rows_kernel_vector_rows_on_the_threads_that_hold_them(n, k, dtype):
+    """The dispatcher's own plan for many 16-bit rows of whole vectors (16384 rows; 4096 for 512 columns, which
     16384 would batch; more for short rows, which fewer rows would spread over more threads; checked through
     explain): the same indices as the float64 reference on hard and special rows, values within 2x torch's error;
-    renormalized, float32 probabilities; a misaligned view of the same rows runs the plain instance."""
-    rows = 4096 if n == 512 else max(MANY_ROWS, staged_rows(n))
-    assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+    renormalized, float32 probabilities; a misaligned view of the same rows (scalar loads)."""
+    rows = 4096 if n == 512 else max(MANY_ROWS, rows_on_holding_threads(n))
+    text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
+    assert f"kernel 'rows' ({fewest_row_threads(n)} thread" in text and "batches" not in text, text
     x = many_rows_with_hard_cases(n, dtype, seed=n * 100 + k, rows=rows).cuda()
     check_planned_rows(x, k, HARD_ROWS, float32_renormalize=False)
 
 
-@requires_cuda
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_rows_kernel_staged_walks_several_groups(dtype):
-    """More groups of rows than resident CTAs: every CTA of the persistent grid copies its next group while it ranks
-    one (the staging buffer reused), the last group partial; hard and special rows in the first group and again in
-    the last rows, where the NaN / +inf reload runs with a copy in flight."""
-    n, k = 128, 8  # 4 threads per row, 32 rows per CTA
-    rows = 2 * 8 * sm_count() * 32 + 5  # two groups per resident CTA (8 per SM) and a partial one
-    assert "staged" in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=k)
-    x = many_rows_with_hard_cases(n, torch.float64, seed=7, rows=rows)
-    x[-HARD_ROWS:] = x[:HARD_ROWS]
-    x = x.to(dtype).cuda()
-    for renormalize in (False, True):
-        check_reference_order(x, k, "rows", renormalize)
-        check_topk(x[HARD_ROWS:-HARD_ROWS], k, -1, renormalize)
-
-
 # Spans whose every used slot lies in the row (RowSlots::load_packs: used * T == n) load without bound checks or -inf
-# padding; others load each 16-byte pack by a predicated load over -inf (detail::load_16_cs_or; the staged instances
-# read theirs from shared memory and use it only for the NaN / +inf reload); rows past the end of the last CTA take the
-# checked path, in the same warps. On a 132-SM H100 the whole spans run the plain instances
-# (float32 everywhere, its 32 columns the exact-word one; 16-bit 32 and 64), the staged ones (16-bit 128 and 256)
-# and the batched one (16-bit 512: two whole batches); the partial spans the plain instances (float32 everywhere,
-# 16-bit 40 and 480 at k = 2), the staged ones (16-bit 160 and 200) and the batched one with a partial last batch
-# (16-bit 480 at k = 8).
+# padding; others load each 16-byte pack by a predicated load over -inf (detail::load_16_cs_or); rows past the end of
+# the last CTA take the checked path, in the same warps. On a 132-SM H100 the whole spans run the plain instances
+# (float32 everywhere, its 32 columns the exact-word one; 16-bit 32, 64, 128 and 256) and the batched one (16-bit 512:
+# two whole batches); the partial spans the plain instances (float32 everywhere, 16-bit 40, 160, 200 and 480 at
+# k = 2) and the batched one with a partial last batch (16-bit 480 at k = 8).
 WHOLE_SPAN_CASES = [(32, 4), (64, 6), (128, 8), (256, 8), (512, 8)]
 PARTIAL_SPAN_CASES = [(40, 4), (160, 6), (200, 8), (480, 8), (480, 2)]
 
@@ -1032,12 +1014,12 @@ def test_list_kernels_and_explain():
     # rows of whole 16-byte vectors keep a vector per thread; others (scalar loads) spread over more threads
     assert "(8 threads per row" in softmax_ops.explain((4096, 64), torch.float16, op="fused_topk", k=4)
     assert "(16 threads per row" in softmax_ops.explain((4096, 60), torch.float16, op="fused_topk", k=4)
-    # 16-bit: 16384 rows of 128 run staged on the 4 threads that hold a row (float32: 32 values per thread at 4
+    # 16-bit: 16384 rows of 128 run on the 4 threads that hold a row (float32: 32 values per thread at 4
     # threads, and 8 threads still fit one wave: 8); 65536 rows of 256 fill the GPU at half the 8 threads that
     # hold a row, in batches (on a 132-SM GPU; explain without a GPU assumes an H100)
     if "132 SMs" in softmax_ops.explain((1, 8), torch.float16, op="fused_topk", k=1):
         text = softmax_ops.explain((16384, 128), torch.float16, op="fused_topk", k=8)
-        assert "(4 threads per row" in text and "staged" in text, text
+        assert "(4 threads per row" in text and "batches" not in text, text
         assert "(8 threads per row" in softmax_ops.explain((16384, 128), torch.float32, op="fused_topk", k=8)
         text = softmax_ops.explain((65536, 256), torch.float16, op="fused_topk", k=8)
         assert "(4 threads per row, each walking its share in 2 batches" in text, text

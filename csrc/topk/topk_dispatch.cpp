@@ -53,6 +53,18 @@ struct TopkHeuristics {
   // one dependent chain per row, longest where a thread sorts 32 values. H100, 2026-11-22 (session 11, one
   // process, 3 interleaved rounds, *session11-c4-rows-sweep*): 16384x128 k8 at 8 threads vs 4: fp16 10.32
   // vs 10.37 us, bf16 10.88 vs 11.14, fp32 16.58 vs 17.44; 65536x256 (4 waves at 16 threads) stays at 8.
+  // 16-bit rows that could take batches (rows_batches_fit: whole 16-byte vectors, k > 2) no longer double: since
+  // their loads stopped waiting for each other (sessions 31-32) they run fastest on the threads that hold the row.
+  // H100, 2026-11-24 (session 33 call 1, one process, 3 interleaved rounds, fp16 / bf16, us,
+  // *session33-c1-sweep-rows-staged-16bit*): 16384x72 k6 T4 8.70 / 8.77 against T8 10.18 / 10.34, 16384x96 k8
+  // 9.06 / 9.54 against 10.58 / 9.98, 16384x120 k8 9.95 / 9.92 against 10.82 / 10.21, 16384x128 k8 10.59 / 9.86
+  // against 9.95 / 10.02, 8192x128 k8 7.81 / 8.54 against 8.03 / 8.06. float32 keeps it (*-c1-sweep-rows-fp32*:
+  // 16384x128 k8 T8 13.22 against T4 14.50, 16384x120 k8 14.40 against 16.26).
+  // The same sweep retired session 29's staged instances (each CTA's rows copied into shared memory by cp.async,
+  // a persistent grid prefetching a CTA's next rows): on the same threads they were as fast or slower everywhere
+  // (16384x72 k6 S4 9.34 / 9.38 against T4 8.70 / 8.77, 65536x128 k8 20.13 / 20.69 against 18.94 / 19.07,
+  // 16384x160 k6 S8 12.00 / 12.90 against T8 11.39 / 11.62, 16384x256 k8 13.28 / 13.18 against 13.06 / 13.15;
+  // 1049x512 k4 S16 6.98 / 6.59 against T16 6.40 / 6.91).
   int64_t rows_one_wave_warps_per_sm = 32;
   // ... and 16-bit rows read in 16-byte vectors with k > 2 (rows_batches_fit) run on half the threads that hold
   // the row, each walking its share in two batches of 32 values, where the fewest threads that hold it are at
@@ -66,23 +78,6 @@ struct TopkHeuristics {
   // warps per SM at T4) measured 12.8 / 12.9 -> 11.9 / 12.1 in batches but stays at 8 threads by this rule.
   int64_t rows_batch_min_threads = 8;
   int64_t rows_batch_min_warps_per_sm = 24;
-  // ... the other plans of the same rows (16-bit, whole 16-byte vectors, k > 2) with at least this many 128-thread
-  // CTAs per SM, where a thread holds more than rows_staged_min_vectors_per_thread 16-byte vectors, run staged:
-  // each CTA's rows are copied into shared memory (cp.async) and read from there; where the rows exceed one CTA
-  // per resident slot (8 per SM), a persistent grid copies a CTA's next rows while it ranks the current ones. The
-  // threads are those that hold a row: the few-row doubling never leaves a thread more than two vectors, and the
-  // one-wave doubling comes after this rule. H100, 2026-11-24, fp16 / bf16, us:
-  //   call 6 (one process, 3 interleaved rounds, *session29-c6-sweep*): 16384x128 k8 (8 threads, one wave) 11.2 /
-  //     11.3 -> staged at 4 threads 10.4 / 10.5; 16384x256 k8 (8 threads) 14.4 / 13.9 -> 13.5 / 13.3; 65536x128
-  //     k8 (4 threads) 22.0 / 22.0 -> 20.6 / 20.7. Batched rows stay batched (65536x256 k8 staged at 8 threads 33.0
-  //     / 33.4 against batched 32.6 / 32.8, though 32768x256 k8 measured 19.8 / 20.4 staged against 20.4 / 20.7),
-  //     and float32 unstaged (its staged instances were 20-35% slower, spilling up to 72 bytes).
-  //   calls 7 and 8 (A/Bs in turns, *session29-c7-compare-staged*, *session29-c8-compare-staged-small*):
-  //     65536x128 k8 -7.2 / -8.8%, 16384x256 k8 -3.3 / -5.1%, 16384x160 k6 -6.0% (fp16), 16384x128 k8 between
-  //     -7% and +2%; but 16384x64 k6, two vectors per thread at 4 threads, 8.6 / 9.4 / 9.8 staged against 8.4 /
-  //     8.1 / 8.6 (fp16; bf16 8.5 / 9.0 / 8.5 against 8.3 / 8.2 and a 14.1 outlier): the vector floor.
-  int64_t rows_staged_min_ctas_per_sm = 1;
-  int64_t rows_staged_min_vectors_per_thread = 2;
   // float32 rows longer than this go to the warp kernel (see rows_auto_max_n), unless they are whole 16-byte
   // vectors (rows_whole_vectors).
   int64_t rows_auto_max_n_fp32 = 256;
@@ -226,22 +221,18 @@ int64_t rows_auto_max_n(DType dtype) { return dtype == DType::kFloat32 ? kHeuris
 // rows kernel's scalar instance, which was not timed against the warp kernel.
 bool rows_whole_vectors(int64_t n, DType dtype) { return whole_vectors(n, dtype); }
 
-// The rows kernel's threads per row, and whether its instances stage rows in shared memory (TopkPlan::staged).
-struct RowsLayout {
-  int threads;
-  bool staged;
-};
-
-RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
+// The rows kernel's threads per row.
+int rows_threads(int64_t rows, int64_t n, int64_t k, DType dtype, const TopkDeviceProps& props) {
   int64_t threads = next_pow2(ceil_div(n, kRowsSlotsPerThread));
   // Rows of whole 16-byte vectors (the launcher's rows_are_vector_aligned also needs an aligned pointer, which the
-  // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, a plan in batches
-  // falls back to `threads` in the launcher, and a staged plan to the plain instance at its threads).
+  // plan does not see: a misaligned view of vector-sized rows keeps the vector rules below, and a plan in batches
+  // falls back to `threads` in the launcher).
   const bool vector_sized = whole_vectors(n, dtype);
+  const bool batches_fit = rows_batches_fit(dtype, k, vector_sized);
   // Many rows that take batches: half the threads.
-  if (rows_batches_fit(dtype, k, vector_sized) && threads >= kHeuristics.rows_batch_min_threads &&
+  if (batches_fit && threads >= kHeuristics.rows_batch_min_threads &&
       rows * (threads / 2) >= kHeuristics.rows_batch_min_warps_per_sm * props.sm_count * 32) {
-    return {static_cast<int>(threads / 2), false};
+    return static_cast<int>(threads / 2);
   }
   // Values a thread must keep after a doubling: a whole 16-byte vector, or a few scalars when the rows cannot
   // take vector loads.
@@ -250,20 +241,12 @@ RowsLayout rows_layout(int64_t rows, int64_t n, int64_t k, DType dtype, const To
          rows * threads < kHeuristics.rows_min_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
-  // Staged rows keep the threads that hold the row (at 8 threads 16384x128 k8 took 11.3 / 11.3 us staged against
-  // 10.4 / 10.5 at 4).
-  const int64_t ctas = ceil_div(rows, kRowsThreads / threads);
-  if (rows_batches_fit(dtype, k, vector_sized) &&
-      ctas >= kHeuristics.rows_staged_min_ctas_per_sm * props.sm_count &&
-      n > kHeuristics.rows_staged_min_vectors_per_thread * threads * vec_elems(dtype)) {
-    return {static_cast<int>(threads), true};
-  }
   const bool over_half_full = ceil_div(n, threads) > kRowsSlotsPerThread / 2;
-  if (threads < kRowsMaxThreadsPerRow && over_half_full && n >= 2 * threads * min_values &&
+  if (!batches_fit && threads < kRowsMaxThreadsPerRow && over_half_full && n >= 2 * threads * min_values &&
       rows * threads * 2 <= kHeuristics.rows_one_wave_warps_per_sm * props.sm_count * 32) {
     threads *= 2;
   }
-  return {static_cast<int>(threads), false};
+  return static_cast<int>(threads);
 }
 
 // Chunks per row for a kernel that splits rows: enough for ctas_per_sm CTAs per SM over all rows, but chunks of
@@ -399,13 +382,9 @@ TopkPlan plan_for(TopkKernel kernel, int64_t rows, int64_t n, int64_t k, DType d
       plan.splits = std::max<int64_t>(forced ? 2 : 1, radix_splits(rows, n, props));
       plan.workspace_bytes = radix_workspace_bytes(rows, n, plan.splits);
       break;
-    case TopkKernel::kRows: {
-      const RowsLayout layout = rows_layout(rows, n, k, dtype, props);
-      plan.lanes_per_row = layout.threads;
-      plan.staged = layout.staged;
-      plan.sm_count = props.sm_count;
+    case TopkKernel::kRows:
+      plan.lanes_per_row = rows_threads(rows, n, k, dtype, props);
       break;
-    }
   }
   return plan;
 }
@@ -495,12 +474,7 @@ std::string explain_topk(const std::string& op, const std::vector<int64_t>& shap
         out << ", each walking its share in " << ceil_div(n, span) << " batches of " << kRowsSlotsPerThread
             << " values";
       }
-      out << ", top-" << next_pow2(k) << " lists in registers";
-      if (plan.staged) {
-        out << "; staged: each CTA's rows copied into shared memory (cp.async), the next ones while it ranks the "
-               "current ones where the rows exceed the resident CTAs";
-      }
-      out << ")";
+      out << ", top-" << next_pow2(k) << " lists in registers)";
       break;
     }
     case TopkKernel::kWarp:
@@ -619,8 +593,6 @@ TopkPlan choose_topk_kernel(int64_t rows, int64_t n, int64_t k, DType dtype, con
       if (n > static_cast<int64_t>(plan.lanes_per_row) * kRowsSlotsPerThread) {
         reason << "; enough rows to fill the GPU on half the threads that hold a row, each thread in batches (one "
                   "merge step fewer per row)";
-      } else if (plan.staged) {
-        reason << "; a CTA per SM at least and more than two 16-byte vectors per thread: staged in shared memory";
       }
       if (why != nullptr) *why = reason.str();
       return plan;

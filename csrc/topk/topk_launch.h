@@ -73,7 +73,7 @@ constexpr int64_t kRowsMaxK = 8;
 constexpr int64_t kRowsMaxN = kRowsSlotsPerThread * kRowsMaxThreadsPerRow;
 // ... or, for 16-bit rows read in 16-byte vectors whose top-K lists (K = k rounded up to a power of two) hold at
 // least kRowsBatchedMinK words, rows of up to kRowsMaxN values on fewer threads: each thread then walks its share
-// in batches of kRowsSlotsPerThread (topk_rows.cu). The same rows also have staged instances (TopkPlan::staged).
+// in batches of kRowsSlotsPerThread (topk_rows.cu).
 constexpr int kRowsBatchedMinK = 4;
 inline bool rows_batches_fit(DType in, int64_t k, bool vector_loads) {
   return (in == DType::kFloat16 || in == DType::kBFloat16) && vector_loads && next_pow2(k) >= kRowsBatchedMinK &&
@@ -211,9 +211,6 @@ struct TopkPlan {
   int lanes_per_row = 32;       // warp: lanes sharing one row (1..32, a power of two); rows: threads (1..16)
   int64_t splits = 1;           // split_row / split_hist / radix: chunks per row (before rounding, see *_count)
   bool vector_loads = false;    // x is 16-byte aligned and n * element size is a multiple of 16
-  bool staged = false;          // rows: a persistent grid staging each CTA's next rows in shared memory (where
-                                // the launcher's rows_batches_fit holds and the row needs no batches)
-  int sm_count = 0;             // rows: the device's SMs (a staged grid has a few resident CTAs on each); 0 elsewhere
   int64_t peel_min_n = 0;       // block / split_row: rows of at least this many elements that are not vector_loads
                                 // read each row's body in vectors (RowEdges); 0: never
   bool peel = false;            // the launcher's decision from peel_min_n and the pointer

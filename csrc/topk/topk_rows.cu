@@ -2,9 +2,10 @@
 // one row (T = 1..16, a power of two; 16 / T rows per half-warp), each holding up to 32 of its values in
 // registers (16-byte loads: 64-128 bytes in flight per thread). No barriers; shuffles only between the T threads
 // of a row (log2 T merge steps). Batched instances (16-bit rows in 16-byte vectors, K >= 4): rows longer than
-// T x 32, each thread walking its share in batches of T x 32 columns (select_row_batched). Staged instances (the
-// same rows, unbatched): each thread's packs pass through an 8 KB shared buffer (cp.async), a persistent grid
-// copying a CTA's next rows while it ranks the current ones (kStaged); the other instances use no shared memory.
+// T x 32, each thread walking its share in batches of T x 32 columns (select_row_batched). No shared memory.
+// (Session 29's staged instances, which passed each thread's packs through an 8 KB shared buffer by cp.async in a
+// persistent grid, were retired in session 33: on the same threads the plain instances were as fast or faster,
+// topk_dispatch.cpp rows_one_wave_warps_per_sm.)
 //
 // Values of one row (T threads, V elements per 16-byte vector, slot s of thread t):
 //   vector loads (x 16-byte aligned, n % V == 0): slot p*V + j holds column ((p*T) + t)*V + j
@@ -46,12 +47,9 @@ constexpr int kGroup = 8;                    // slots per accuracy group of the 
 //                  instances took 70 registers and 7 CTAs per SM, and ran slower on an H100 than with 64)
 //   16-bit, K = 4: 10 (<= 48); K <= 2: 12 (<= 40)
 //   float32, vector loads: 8 (<= 64; 72-78 at 4); scalar loads: 4 (at 8 they spill 400-500 bytes)
-//   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes); staged ones (K >= 4): 8, which
-//   the launcher also takes as the persistent grid's CTAs per SM (8 staging buffers of 8 KB, plus the 1 KB the
-//   system reserves per CTA)
-template <typename TIn, int K, bool kVector, bool kBatched = false, bool kStaged = false>
-constexpr int kRowsMinBlocks =
-    sizeof(TIn) == 2 ? (K >= 8 || kBatched || kStaged ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
+//   batched 16-bit rows (K >= 4): 8 (at 10 the K = 4 instances spilled 16 bytes)
+template <typename TIn, int K, bool kVector, bool kBatched = false>
+constexpr int kRowsMinBlocks = sizeof(TIn) == 2 ? (K >= 8 || kBatched ? 8 : K == 4 ? 10 : 12) : (kVector ? 8 : 4);
 
 template <typename TIn>
 constexpr bool kIs16 = sizeof(TIn) == 2;
@@ -324,33 +322,6 @@ struct RowSlots {
     }
   }
 
-  // The 16-byte layout's packs of the row on their way into the CTA's staging buffer (cp.async: no registers
-  // held while they fly); thread i's pack p goes to stage[p * kRowsThreads + i]. Completed by
-  // wait_async_copies, then read by load_staged.
-  __device__ __forceinline__ void stage_row(uint4* stage, const TIn* row, int n, bool active) const {
-    static_assert(kVector, "staged rows: the 16-byte layout");
-    const int packs = active ? n / V : 0;
-#pragma unroll
-    for (int p = 0; p < kCapacity / V; ++p) {
-      if (!group_used(p * V / kGroup)) continue;
-      if (p * T + t < packs) {
-        const uint4* pack = reinterpret_cast<const uint4*>(row) + p * T + t;
-        detail::copy_async_16(stage + p * kRowsThreads + threadIdx.x, pack);
-      }
-    }
-  }
-
-  // load() from the staging buffer that stage_row filled.
-  __device__ __forceinline__ void load_staged(const uint4* stage, int n, bool active) {
-    static_assert(kVector, "staged rows: the 16-byte layout");
-    const auto fetch = [&](int p) { return stage[p * kRowsThreads + threadIdx.x]; };
-    load_packs(n, active, fetch, [&](int p, bool valid, uint4 pad) {
-      uint4 v = make_uint4(0, 0, 0, 0);  // shared memory: ptxas already issues these loads together
-      if (valid) v = fetch(p);
-      return make_uint4(valid ? v.x : pad.x, valid ? v.y : pad.y, valid ? v.z : pad.z, valid ? v.w : pad.w);
-    });
-  }
-
   // The largest value of the thread's used slots (NaN ignored, as fmaxf; -inf when there is none). 16-bit
   // values two at a time (HMNMX2 on the raw pairs: half the ALU instructions of a float max per value).
   __device__ __forceinline__ float max_value() const {
@@ -591,15 +562,14 @@ __device__ __forceinline__ void write_row(float m, float sum, const float (&v)[K
 }
 
 // An unbatched row whose slots `at` holds (loaded from xr, the row's data): its max, selection, probabilities and
-// results. after_max() runs once every slot has been read (the staged kernel reuses the staging buffer then).
-template <int K, bool kExactFloat, typename TIn, typename TOut, bool kVector, int kCapacity, typename AfterMax>
+// results.
+template <int K, bool kExactFloat, typename TIn, typename TOut, bool kVector, int kCapacity>
 __device__ __forceinline__ void rank_row(RowSlots<TIn, kVector, kCapacity>& at, const TIn* xr, int n, int k, int t,
                                          int T, int64_t row, bool active, TOut* __restrict__ values,
-                                         int64_t* __restrict__ indices, bool renormalize, AfterMax&& after_max) {
+                                         int64_t* __restrict__ indices, bool renormalize) {
   float m = at.max_value();  // NaN dropped, as by fmaxf
   for (int offset = 1; offset < T; offset *= 2) m = fmaxf(m, __shfl_xor_sync(kFullMask, m, offset));
   const float shift = m == -INFINITY ? 0.0f : m;  // an all -inf/NaN row: no overflow, NaN via the divisor
-  after_max();  // every slot has been read from where it was loaded (the NaN / +inf reload reads global memory)
 
   // Rank r = t + j*T is this thread's: its value and column.
   float v[K];
@@ -653,12 +623,8 @@ __device__ __forceinline__ void rank_row(RowSlots<TIn, kVector, kCapacity>& at, 
 // kExactFloat (float32 inputs whose threads hold at most kGroup values each): the exact 64-bit words at once.
 // A separate instance: in the same kernel their registers raised every float32 instance to 96 (ptxas).
 // kBatched: 16-bit rows of more than T x kSlots values (select_row_batched).
-// kStaged (16-bit rows in 16-byte vectors, K >= 4): a persistent grid of CTAs, each walking groups of
-// kRowsThreads / T rows; a group's data is copied into shared memory (cp.async) while the CTA ranks the group
-// before it, once that group's values are in registers.
-template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat, bool kBatched = false,
-          bool kStaged = false>
-__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, kBatched, kStaged>)
+template <typename TIn, typename TOut, int K, bool kVector, bool kExactFloat, bool kBatched = false>
+__global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, kBatched>)
     topk_rows_kernel(const TIn* __restrict__ x, TOut* __restrict__ values, int64_t* __restrict__ indices,
                      int64_t rows, int n, int k, int T, bool renormalize) {
   static_assert(K >= 1 && K <= kGroup && (K & (K - 1)) == 0, "K: a power of two <= 8");
@@ -681,34 +647,10 @@ __global__ void __launch_bounds__(kRowsThreads, kRowsMinBlocks<TIn, K, kVector, 
     }
     take_ranks<Words<TIn>>(list, t, T, k, word_value<Words<TIn>>, v, col);
     write_row<K>(stats.max, stats.sum, v, col, t, T, k, row, active, values, indices, renormalize);
-  } else if constexpr (kStaged) {
-    static_assert(kIs16<TIn> && kVector && !kExactFloat, "staged rows: 16-bit inputs in 16-byte vectors");
-    using Slots = RowSlots<TIn, true>;
-    __shared__ uint4 stage[kSlots / Slots::V * kRowsThreads];  // 8 KB: each thread's packs of its row
-    // Group g: rows g * rows_per_block .. + rows_per_block - 1, thread i on row g * rows_per_block + i / T. A
-    // thread copies and reads only its own packs of the buffer, so its own cp.async wait is the only order needed.
-    const int64_t rows_per_block = kRowsThreads / T;
-    const int64_t groups = (rows + rows_per_block - 1) / rows_per_block;
-    const auto row_of = [&](int64_t group) { return group * rows_per_block + threadIdx.x / T; };
-    const auto data_of = [&](int64_t r) { return x + (r < rows ? r : 0) * static_cast<int64_t>(n); };
-    Slots at(n, t, T);
-    if (static_cast<int64_t>(blockIdx.x) < groups) {
-      const int64_t r = row_of(blockIdx.x);
-      at.stage_row(stage, data_of(r), n, r < rows);
-    }
-    for (int64_t group = blockIdx.x; group < groups; group += gridDim.x) {
-      const int64_t r = row_of(group);
-      detail::wait_async_copies();
-      at.load_staged(stage, n, r < rows);
-      const int64_t next = group + gridDim.x;
-      rank_row<K, kExactFloat>(at, data_of(r), n, k, t, T, r, r < rows, values, indices, renormalize, [&] {
-        if (next < groups) at.stage_row(stage, data_of(row_of(next)), n, row_of(next) < rows);
-      });
-    }
   } else {
     RowSlots<TIn, kVector, kExactFloat ? kGroup : kSlots> at(n, t, T);
     at.load(xr, n, active);
-    rank_row<K, kExactFloat>(at, xr, n, k, t, T, row, active, values, indices, renormalize, [] {});
+    rank_row<K, kExactFloat>(at, xr, n, k, t, T, row, active, values, indices, renormalize);
   }
 }
 
@@ -746,19 +688,10 @@ cudaError_t launch_topk_rows(const TopkProblem& problem, const TopkPlan& plan, c
                                         : (exact ? topk_rows_kernel<TIn, TOut, kK, false, kHasExact>
                                                  : topk_rows_kernel<TIn, TOut, kK, false, false>);
         const int64_t rows_per_block = kRowsThreads / T;
-        int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;  // a CTA per group of rows
-        // Batched and staged instances (16-bit vector rows, K >= 4) only where rows_batches_fit: for batches it was
-        // checked above; a staged plan for a misaligned pointer runs the plain instance. Staged: a persistent grid
-        // of the CTAs the register budget fits per SM, each walking groups.
+        const int64_t blocks = (problem.rows + rows_per_block - 1) / rows_per_block;  // a CTA per group of rows
+        // Batched instances (16-bit vector rows, K >= 4) only where rows_batches_fit, which was checked above.
         if constexpr (kIs16<TIn> && kK >= kRowsBatchedMinK) {
-          if (batched) {
-            kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
-          } else if (plan.staged && rows_batches_fit(problem.in_dtype, problem.k, plan.vector_loads)) {
-            kernel = topk_rows_kernel<TIn, TOut, kK, true, false, false, true>;
-            if (plan.sm_count < 1) return cudaErrorInvalidValue;  // a rows plan carries its device's SM count
-            constexpr int64_t kPerSm = kRowsMinBlocks<TIn, kK, true, false, true>;
-            blocks = std::min<int64_t>(blocks, static_cast<int64_t>(plan.sm_count) * kPerSm);
-          }
+          if (batched) kernel = topk_rows_kernel<TIn, TOut, kK, true, false, true>;
         } else if (batched) {
           return cudaErrorInvalidValue;  // never reached while rows_batches_fit matches the instances
         }
