@@ -5,8 +5,10 @@ backward, every result checked against float64, for compute-sanitizer.
 Run it without PyTorch's caching allocator, so that every tensor is its own allocation and a read or write
 one element past a row's end is outside it:
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 benchmarks/sanitize_peeled_rows.py
+(``--automatic``: the automatic plans only.)
 """
 import contextlib
+import sys
 
 import torch
 
@@ -17,10 +19,14 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row),
 # and short ones in the warp kernel (8192 x 1023, 4096 x 101; 4096 x 100: 4 lanes per row at 16 bits, the rows'
 # most edge elements). 100 and 102 columns: rows whose edges number 4 and 6 at 16 bits, at any phase; 9, 30 and
-# 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane).
+# 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane). Few forward rows in the
+# peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads16 / 32, session 33): 64 x 50257, 32 x 50257
+# and 8 x 262143 at 16 bits, 16 x 100003 and 1 x 50257 in float32 (the others there, and the backward, single
+# elements or the whole-pack rules' plans).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
 AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
-                    (140, 50257), (64, 151935), (3, 2_000_001))
+                    (140, 50257), (64, 151935), (3, 2_000_001), (64, 50257), (32, 50257), (8, 262143), (16, 100003),
+                    (1, 50257))
 WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 
@@ -31,7 +37,7 @@ def forced(family, kernel):
 def main() -> None:
     checked = 0
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        for kernel in KERNELS:
+        for kernel in (None,) if "--automatic" in sys.argv else KERNELS:
             for shape in SHAPES if kernel else AUTOMATIC_SHAPES:
                 if kernel == "block_onepass" and shape[1] > 50000:
                     continue  # the backward's two streams do not fit one CTA

@@ -527,6 +527,27 @@ def test_peeled_rows_special_values(kernel, dtype, op):
     assert torch.isnan(out[2]).all() and torch.isnan(out[-1]).all() and torch.isnan(out[-2]).all()
 
 
+# Few same-dtype forward rows that break 16-byte packs and that the whole-pack rules would spread thinly run the
+# peeled cluster of the peeled instances' packs (softmax_dispatch.cpp, kPeeledClusterMinThreads16 / 32; the rule's
+# cases are in test_dispatch_rules.py). Rows start at every element phase (odd lengths); special_rows' rows (NaN,
+# +inf, -inf rows, huge magnitudes) in front, as many as the shape has.
+PEELED_CLUSTER_CASES = [((64, 50257), torch.float16), ((32, 50257), torch.bfloat16), ((8, 262143), torch.float16),
+                        ((16, 100003), torch.float32), ((1, 50257), torch.float32), ((3, 100003), torch.float32)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape,dtype", PEELED_CLUSTER_CASES)
+def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
+    text = softmax_ops.explain(shape, dtype, op=op)
+    assert "kernel cluster_onepass:" in text and "the peeled instances'" in text and "rows peeled" in text, text
+    x = make_input(shape, torch.float64, seed=shape[1] + shape[0]).to(dtype)
+    specials = min(shape[0], 9)
+    x[:specials] = special_rows(shape[1], dtype)[:specials]
+    out = check_forward(op, x.cuda())
+    if shape[0] > 2:
+        assert torch.isnan(out[2]).all()  # an all -inf row
+
+
 @pytest.mark.parametrize(
     "shape,peeled",
     [

@@ -30,7 +30,7 @@ def plan_line(shape, dtype, op="softmax") -> str:
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward"])
 @pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float16), ((4, 1048576), torch.float32),
-                                         ((3, 100003), torch.float32), ((8, 262144), torch.bfloat16)])
+                                         ((3, 100003), torch.float16), ((8, 262144), torch.bfloat16)])
 def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dtype, op):
     if shape == (3, 100003) and op == "softmax_backward":
         pytest.skip("peeled: a cluster of 16 (test_many_rows_that_break_16_byte_packs_are_peeled)")
@@ -598,3 +598,35 @@ def test_explain_of_a_result_dtype_follows_the_launchers_casts():
         assert softmax_ops.explain((16384, 256), torch.float16, op=op, k=4, out_dtype=torch.float32) == direct
     with pytest.raises(NotImplementedError, match="out_dtype"):
         softmax_ops.explain((16, 256), torch.float16, op="fused_topk", k=4, out_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("shape,dtype,op,out_dtype,peeled_cluster", [
+    ((64, 50257), torch.float16, "softmax", None, True),          # 18.9 -> 13.4 us (288 threads per CTA)
+    ((32, 50257), torch.bfloat16, "log_softmax", None, True),     # 160 threads
+    ((8, 262143), torch.float16, "softmax", None, True),          # 15.0 -> 12.7
+    ((16, 100003), torch.float32, "softmax", None, True),         # 14.1 -> 12.0
+    ((1, 50257), torch.float32, "softmax", None, True),           # 9.1 -> 7.6 (128 threads)
+    ((3, 100003), torch.float32, "log_softmax", None, True),
+    ((3, 100003), torch.float16, "softmax", None, False),         # 128 threads at 16 bits: even or slower
+    ((4, 65537), torch.bfloat16, "softmax", None, False),         # 64 threads
+    ((8, 32001), torch.float32, "softmax", None, False),          # 64 threads: even
+    ((2, 300007), torch.float32, "softmax", None, False),         # shared-memory packs: 10.6 -> 11.2
+    ((64, 50257), torch.float16, "softmax", torch.float32, False),  # widening: not measured
+    ((64, 50257), torch.float16, "softmax_backward", None, False),  # the backward: not measured enough
+    ((64, 50256), torch.float16, "softmax", None, False),         # whole packs: the rules of whole packs
+])
+def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype, op, out_dtype, peeled_cluster):
+    """softmax_dispatch.cpp, kPeeledClusterMinThreads16 / 32: few same-dtype forward rows that break 16-byte packs,
+    which peel_few_rows leaves to single elements, run the forced cluster_onepass plan (peeled, the peeled
+    instances' register packs) where its CTAs have at least 160 (16-bit) / 128 (float32) threads and no
+    shared-memory packs (H100, session 33 calls 3-4)."""
+    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
+    line = next(line for line in text.splitlines() if line.strip().startswith("kernel "))
+    assert ("register packs each: the peeled instances'" in text) == peeled_cluster, text
+    if peeled_cluster:
+        assert "kernel cluster_onepass:" in line and "rows peeled" in line and "+ 0 in shared memory" in line, line
+        threads = int(line.split(" CTAs x ")[1].split(" threads")[0])
+        assert threads >= (160 if dtype != torch.float32 else 128), line
+        with softmax_ops.force_kernel("softmax", "cluster_onepass"):
+            forced = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
+        assert line in forced, (line, forced)  # the forced plan, as measured

@@ -155,6 +155,27 @@ struct Heuristics {
   // Larger chunks lost as clusters: 4 x 50001 softmax_backward fp16 (12.5 KB) +12%, 3 x 100003 softmax fp16 / fp32
   // +10 / +8%, softmax_backward +9..+26%, 2 x 300007 softmax fp16 +62% (*session17-c3-*).
   static constexpr int64_t kClusterFirstScalarMaxChunkBytes = 8 * 1024;
+  // Few rows that break 16-byte packs and that peel_few_rows leaves to single elements (their aligned body's
+  // plan spreads over more threads with fewer packs than the peeled instances hold): same-dtype forwards run the
+  // peeled cluster that force_kernel("softmax", "cluster_onepass") plans (clusters that fill the SMs, each CTA
+  // holding its chunk in the peeled instances' register packs) where its CTAs have at least this many threads
+  // (16-bit / float32) and no shared-memory packs. H100, session 33 calls 3-4 (tune_softmax.py, two runs each,
+  // us, automatic single elements -> forced peeled cluster; *session33-c4-tune-few-rows-cluster{1,2}*):
+  //   16-bit wins from 160 threads: 64 x 50257 fp16 18.9 / 18.9 -> 13.4 / 13.4 (288 threads), bf16 18.9 -> 15.1;
+  //     32 x 50257 (160) 13.7 -> 11.4-11.8; 16 x 100003 (192) 13.0-13.4 -> 12.3 (fp16 one run 42.8, an outlier);
+  //     8 x 262143 (256) 15.0 / 14.3 -> 12.7 / 12.6-13.2;
+  //   but even or slower at 128 threads or fewer: 3 x 100003 (128) 8.7-9.5 -> 9.2-9.8, 4 x 114687 (128) 9.6-9.9
+  //     -> 9.4-10.2, 1 x 128257 (128) 9.2-9.3 -> 9.3-10.0, 4 x 65537 (64) 8.4-9.1 -> 9.0-10.2, 8 x 32001 (32)
+  //     8.4 -> 9.5-9.6;
+  //   float32 wins from 128 threads: 1 x 50257 (128) 9.1 -> 7.6, 8 x 50257 (128) 10.2 -> 9.2, 4 x 65537 (128)
+  //     9.2-9.3 -> 8.0-9.0, 3 x 100003 (224) 9.0 -> 8.1-9.0, 4 x 114687 (224) 9.6-10.6 -> 8.7-9.6, 16 x 100003
+  //     (352) 14.1 -> 12.0, 32 x 50257 (320) 14.2 -> 12.1, 1 x 128257 10.3-10.6 -> 8.0-8.6, 8 x 262143 17.1-17.2
+  //     -> 15.3-16.3; even at 64 (8 x 32001 8.6 -> 8.5); slower with shared-memory packs (2 x 300007: 512 threads
+  //     and 2 packs in shared memory, 10.6 -> 11.2).
+  // Not measured, so not included: the backward (four shapes in call 4 went the same way at 16 bits), widening
+  // forwards, float64.
+  static constexpr int kPeeledClusterMinThreads16 = 160;
+  static constexpr int kPeeledClusterMinThreads32 = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -548,6 +569,7 @@ class Chooser {
     if (few_rows) {
       if (peelable(request_)) {
         if (auto choice = peel_few_rows()) return *choice;
+        if (auto choice = Chooser(request_, props_, RowView::kPeeled).peeled_cluster_rows()) return *choice;
       }
       return choose_few_rows();
     }
@@ -621,6 +643,22 @@ class Chooser {
                           plan.kernel == SoftmaxKernel::kGridOnePass;
     if (!one_pass || plan.lean || plan.prefetch || plan.reg_packs != g_.max_reg_packs) return std::nullopt;
     choice.plan.peel = true;
+    return choice;
+  }
+
+  // Few same-dtype forward rows that break 16-byte packs, where peel_few_rows keeps single elements: the peeled
+  // cluster (the forced cluster_onepass plan; this Chooser's view is kPeeled) where its CTAs have at least
+  // kPeeledClusterMinThreads16 / 32 threads and hold their chunk in registers.
+  std::optional<SoftmaxChoice> peeled_cluster_rows() {
+    if (g_.streams != 1 || g_.widening || (g_.in_bytes != 2 && g_.in_bytes != 4)) return std::nullopt;
+    std::optional<SoftmaxChoice> choice = filling_clusters();
+    if (!choice) return std::nullopt;
+    const int min_threads =
+        g_.in_bytes == 2 ? Heuristics::kPeeledClusterMinThreads16 : Heuristics::kPeeledClusterMinThreads32;
+    if (choice->plan.threads < min_threads || choice->plan.smem_packs != 0) return std::nullopt;
+    choice->reason = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs: " +
+                     choice->reason + " (" + std::to_string(choice->plan.threads) + " threads per CTA at " +
+                     std::to_string(choice->plan.reg_packs) + " register packs each: the peeled instances')";
     return choice;
   }
 
@@ -928,6 +966,19 @@ class Chooser {
 
   bool clusters_supported() const { return props_.cc_major >= 9; }
 
+  // Clusters from the size that spreads the rows over every SM (2 at least, kMaxClusterCtas at most), then from
+  // 2; CTAs that leave room for a second on their SM first (try_clusters). The forced cluster_onepass plan.
+  std::optional<SoftmaxChoice> filling_clusters() {
+    if (!clusters_supported()) return std::nullopt;
+    const int64_t fill = std::max<int64_t>(2, ceil_div(props_.sm_count, g_.rows));
+    const int first = static_cast<int>(std::min<int64_t>(fill, kMaxClusterCtas));
+    for (int start : {first, 2}) {
+      if (auto choice = try_clusters(start, false)) return choice;
+      if (auto choice = try_clusters(start, true)) return choice;
+    }
+    return std::nullopt;
+  }
+
   // Row groups of `plan` the device holds at once: clusters for a cluster plan, CTAs otherwise. The occupancy
   // API's answer (non-portable cluster sizes need a GPC with that many free SMs), cached per configuration.
   // Without a device (explain on a CPU machine), an estimate: two CTAs per SM when each leaves room for a
@@ -1018,12 +1069,7 @@ class Chooser {
         return fail(prefix + "thread-block clusters need compute capability 9.0, this device has " +
                     std::to_string(props_.cc_major) + "." + std::to_string(props_.cc_minor));
       }
-      const int64_t fill = std::max<int64_t>(2, ceil_div(props_.sm_count, g_.rows));
-      const int first = static_cast<int>(std::min<int64_t>(fill, kMaxClusterCtas));
-      for (int start : {first, 2}) {
-        if (auto choice = try_clusters(start, false)) return *choice;
-        if (auto choice = try_clusters(start, true)) return *choice;
-      }
+      if (auto choice = filling_clusters()) return *choice;
       return fail(prefix + "the row (" + kib(g_.row_bytes) + ") exceeds the registers + shared memory of a " +
                   "cluster of " + std::to_string(kMaxClusterCtas) + " CTAs");
     }
