@@ -20,13 +20,14 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # and short ones in the warp kernel (8192 x 1023, 4096 x 101; 4096 x 100: 4 lanes per row at 16 bits, the rows'
 # most edge elements). 100 and 102 columns: rows whose edges number 4 and 6 at 16 bits, at any phase; 9, 30 and
 # 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane). Few forward rows in the
-# peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads16 / 32, session 33): 64 x 50257, 32 x 50257
-# and 8 x 262143 at 16 bits, 16 x 100003, 8 x 50257 and 32 x 50257 in float32 (the others there, the backward and
-# 1 x 50257, single elements or the whole-pack rules' plans).
+# peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads16 / 32, session 33; on 132 SMs): 64 x
+# 50257, 32 x 50257, 8 x 262143 and 16 x 100003 at 16 bits; 32 x 50257, 16 x 100003, 8 x 262143, 8 x 50257, 2 x
+# 100003 and 1 x 50257 in float32 (float32 64 x 50257 through peel_few_rows; 1 x 50257 at 16 bits and the backward
+# keep single elements or the whole-pack rules' plans).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
 AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
                     (140, 50257), (64, 151935), (3, 2_000_001), (64, 50257), (32, 50257), (8, 262143), (16, 100003),
-                    (8, 50257), (1, 50257))
+                    (8, 50257), (1, 50257), (2, 100003))
 WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 

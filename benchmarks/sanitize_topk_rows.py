@@ -49,8 +49,10 @@ with softmax_ops.force_kernel("topk", "rows"):
                 runs += 2
     # Many 16-bit rows on the threads that hold them (3-4 packs per thread), NaN / +inf rows (the reload).
     for dtype in (torch.float16, torch.bfloat16):
-        for rows, n in ((2 * 8 * sms * 32 + 5, 128), (16384 + 3, 200)):
-            assert "batches" not in softmax_ops.explain((rows, n), dtype, op="fused_topk", k=8)
+        # 4 / 8 threads per row (the threads that hold it), too few rows for batches on any SM count
+        for rows, n, threads in ((2 * 8 * sms * 32 + 5, 128, 4), (100 * sms + 3, 200, 8)):
+            text = softmax_ops.explain((rows, n), dtype, op="fused_topk", k=8)
+            assert f"({threads} threads per row" in text and "batches" not in text, text
             for k in (4, 8):
                 x = torch.randn(rows, n, device="cuda", dtype=dtype) * 3
                 softmax_ops.fused_topk(x, k, -1, False)

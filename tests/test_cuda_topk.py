@@ -833,7 +833,7 @@ def test_rows_kernel_in_batches(n, k, dtype):
 
 # 16-bit rows of whole 16-byte vectors with k > 2 that need no batches run on the threads that hold the row
 # (topk_dispatch.cpp, rows_one_wave_warps_per_sm; session 29's staged instances ran these rows until session 33).
-# Lengths of 1 to 4 packs per thread, 1 to 16 threads per row, both K instances (4, 8), on enough rows that the
+# Lengths of 2 to 4 packs per thread, 1 to 16 threads per row, both K instances (4, 8), on enough rows that the
 # few-row doubling does not apply and, for 512 columns, too few for batches.
 VECTOR_ROWS_CASES = [(24, 3), (32, 8), (40, 5), (72, 4), (96, 3), (128, 8), (160, 6), (248, 8), (256, 4), (512, 7)]
 

@@ -159,8 +159,8 @@ struct Heuristics {
   // plan spreads over more threads with fewer packs than the peeled instances hold): same-dtype forwards run the
   // peeled cluster that force_kernel("softmax", "cluster_onepass") plans (clusters that fill the SMs, each CTA
   // holding its chunk in the peeled instances' register packs) where its CTAs have at least this many threads
-  // (16-bit / float32) and no shared-memory packs, on kPeeledClusterMinRows rows or more. H100, session 33 calls 3-4
-  // (tune_softmax.py, two runs each,
+  // (16-bit / float32) and no shared-memory packs; 16-bit rows from kPeeledClusterMinRows16 rows. H100, session 33
+  // calls 3-4 (tune_softmax.py, two runs each,
   // us, automatic single elements -> forced peeled cluster; *session33-c4-tune-few-rows-cluster{1,2}*):
   //   16-bit wins from 160 threads: 64 x 50257 fp16 18.9 / 18.9 -> 13.4 / 13.4 (288 threads), bf16 18.9 -> 15.1;
   //     32 x 50257 (160) 13.7 -> 11.4-11.8; 16 x 100003 (192) 13.0-13.4 -> 12.3 (fp16 one run 42.8, an outlier);
@@ -177,14 +177,18 @@ struct Heuristics {
   // cluster.txt*): 64 x 50257 fp16 / bf16 18.3 / 18.0 -> 13.8 / 14.3, 32 x 50257 -15 / -16 / -17% (fp32 too), 16 x
   // 100003 -18 / -10 / -14%, 8 x 262143 -28 / -12 / -8%, 16 x 262143 fp16 / bf16 -21 / -14%, 8 x 300007 -18 / -13%,
   // 100 x 32001 fp16 / bf16 20.2 -> 13.2 / 13.3, 131 x 32769 fp16 21.9 -> 13.6, float32 131 x 16385 -24%, 4 x 114687
-  // -15%, 8 x 50257 -10%; but on one or two rows, where clusters of 16 leave most SMs idle and the grid group spreads
-  // a row over all of them, 2 x 151935 lost 5-12% on every dtype and float32 1 x 262143 6%, though float32 1 x 50257
-  // and 1 x 128257 won 12 / 18%: rows of one or two keep their plans.
+  // -15%, 8 x 50257 -10%, 1 x 128257 -18%, 1 x 50257 -12%; but 16-bit 2 x 151935 lost 8 / 12% (fp16 / bf16: clusters
+  // of 16 on 32 SMs where the grid group spreads the rows over all of them) and 1 x 262143 was even, so 16-bit
+  // rows of one or two keep their plans. (The float32 2 x 151935 and 1 x 262143 of that call, +5 / +6%, compared
+  // one plan with itself: peel_few_rows already gives them this cluster.) Call 9, float32 rows of one or two under
+  // the rule against the rules before it (two rounds in turns, best of two, us; *session33-c9-compare-fp32-one-two-
+  // rows.txt*): softmax 1 x 128257 9.6 -> 7.8, 1 x 100003 8.6 -> 7.8, 2 x 114687 9.2 -> 7.9, 2 x 50257 8.6 -> 7.6,
+  // 2 x 65537 8.1 -> 8.2, the other five -2..-9%; log_softmax -3..-29% on all ten.
   // Not measured, so not included: the backward (four shapes in call 4 went the same way at 16 bits), widening
   // forwards, float64.
   static constexpr int kPeeledClusterMinThreads16 = 160;
   static constexpr int kPeeledClusterMinThreads32 = 128;
-  static constexpr int64_t kPeeledClusterMinRows = 3;
+  static constexpr int64_t kPeeledClusterMinRows16 = 3;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -656,11 +660,12 @@ class Chooser {
   }
 
   // Few same-dtype forward rows that break 16-byte packs, where peel_few_rows keeps single elements: the peeled
-  // cluster (the forced cluster_onepass plan; this Chooser's view is kPeeled) on kPeeledClusterMinRows rows or more,
-  // where its CTAs have at least kPeeledClusterMinThreads16 / 32 threads and hold their chunk in registers.
+  // cluster (the forced cluster_onepass plan; this Chooser's view is kPeeled) where its CTAs have at least
+  // kPeeledClusterMinThreads16 / 32 threads and hold their chunk in registers, 16-bit rows from
+  // kPeeledClusterMinRows16 rows.
   std::optional<SoftmaxChoice> peeled_cluster_rows() {
     if (g_.streams != 1 || g_.widening || (g_.in_bytes != 2 && g_.in_bytes != 4)) return std::nullopt;
-    if (g_.rows < Heuristics::kPeeledClusterMinRows) return std::nullopt;
+    if (g_.in_bytes == 2 && g_.rows < Heuristics::kPeeledClusterMinRows16) return std::nullopt;
     std::optional<SoftmaxChoice> choice = filling_clusters();
     if (!choice) return std::nullopt;
     const int min_threads =

@@ -27,7 +27,6 @@
 // Fast path: the keys of NaN are not canonicalised (NaN payloads and signs would rank apart). A row holding
 // NaN or +inf has a NaN sum; a warp holding such a row (or, for float32, a row whose truncated words were not
 // exact) redoes the selection with exact NaN-aware words, from a reload of the rows (rare).
-#include <algorithm>
 #include <array>
 #include <utility>
 
