@@ -160,8 +160,8 @@ struct Heuristics {
   // peeled cluster that force_kernel("softmax", "cluster_onepass") plans (clusters that fill the SMs, each CTA
   // holding its chunk in the peeled instances' register packs) where its CTAs have at least this many threads
   // (16-bit / float32) and no shared-memory packs; 16-bit rows from kPeeledClusterMinRows16 rows. H100, session 33
-  // calls 3-4 (tune_softmax.py, two runs each,
-  // us, automatic single elements -> forced peeled cluster; *session33-c4-tune-few-rows-cluster{1,2}*):
+  // calls 3-4 (tune_softmax.py, two runs each, us, automatic single elements -> forced peeled cluster;
+  // *session33-c4-tune-few-rows-cluster{1,2}*):
   //   16-bit wins from 160 threads: 64 x 50257 fp16 18.9 / 18.9 -> 13.4 / 13.4 (288 threads), bf16 18.9 -> 15.1;
   //     32 x 50257 (160) 13.7 -> 11.4-11.8; 16 x 100003 (192) 13.0-13.4 -> 12.3 (fp16 one run 42.8, an outlier);
   //     8 x 262143 (256) 15.0 / 14.3 -> 12.7 / 12.6-13.2;
