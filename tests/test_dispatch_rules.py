@@ -23,8 +23,8 @@ pytestmark = [
 ]
 
 
-def plan_line(shape, dtype, op="softmax") -> str:
-    text = softmax_ops.explain(shape, dtype, op=op)
+def plan_line(shape, dtype, op="softmax", out_dtype=None) -> str:
+    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
     return next(line for line in text.splitlines() if line.strip().startswith("kernel "))
 
 
@@ -625,7 +625,7 @@ def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype,
     instances' register packs) where its CTAs have at least 160 (16-bit) / 128 (float32) threads and no
     shared-memory packs, 16-bit rows from 3 rows (H100, session 33 calls 3-5 and 9)."""
     text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
-    line = next(line for line in text.splitlines() if line.strip().startswith("kernel "))
+    line = plan_line(shape, dtype, op, out_dtype)
     assert ("register packs each: the peeled instances'" in text) == peeled_cluster, text
     if peeled_cluster:
         assert "kernel cluster_onepass:" in line and "rows peeled" in line and "+ 0 in shared memory" in line, line

@@ -648,9 +648,8 @@ class Chooser {
     const SoftmaxPlan& plan = choice.plan;
     if (plan.kernel == SoftmaxKernel::kSplitRow || plan.stream_rest) {
       return ok(plan_split_row(geometry_of(request_, RowView::kPeeled), props_, false),
-                std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs and a row (" +
-                    kib(g_.row_bytes) + ") too long for every CTA slot to cache its chunk: two launches, partial " +
-                    "(max, sum) per part merged in fixed order, then normalise");
+                few_rows_note() + " and a row (" + kib(g_.row_bytes) + ") too long for every CTA slot to cache its " +
+                    "chunk: two launches, partial (max, sum) per part merged in fixed order, then normalise");
     }
     const bool one_pass = plan.kernel == SoftmaxKernel::kBlockOnePass || plan.kernel == SoftmaxKernel::kClusterOnePass ||
                           plan.kernel == SoftmaxKernel::kGridOnePass;
@@ -671,10 +670,15 @@ class Chooser {
     const int min_threads =
         g_.in_bytes == 2 ? Heuristics::kPeeledClusterMinThreads16 : Heuristics::kPeeledClusterMinThreads32;
     if (choice->plan.threads < min_threads || choice->plan.smem_packs != 0) return std::nullopt;
-    choice->reason = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs: " +
-                     choice->reason + " (" + std::to_string(choice->plan.threads) + " threads per CTA at " +
-                     std::to_string(choice->plan.reg_packs) + " register packs each: the peeled instances')";
+    choice->reason = few_rows_note() + ": " + choice->reason + " (" + std::to_string(choice->plan.threads) +
+                     " threads per CTA at " + std::to_string(choice->plan.reg_packs) +
+                     " register packs each: the peeled instances')";
     return choice;
+  }
+
+  // How the few-rows plans' reasons begin.
+  std::string few_rows_note() const {
+    return std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs";
   }
 
   // What a peeled plan adds to its reason (choose).
@@ -735,7 +739,7 @@ class Chooser {
   }
 
   SoftmaxChoice choose_few_rows() {
-    const std::string why_few = std::to_string(g_.rows) + " rows < " + std::to_string(props_.sm_count) + " SMs";
+    const std::string why_few = few_rows_note();
     const bool worth_splitting = ceil_div(props_.sm_count, g_.rows) > 1 &&
                                  g_.row_bytes >= Heuristics::kFewRowsSplitMinRowBytes;
     if (!worth_splitting || !clusters_supported()) {
