@@ -19,15 +19,18 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # the automatic plan peels many rows, and few long ones (64 x 151935: a grid group; 3 x 2000001: split_row),
 # and short ones in the warp kernel (8192 x 1023, 4096 x 101; 4096 x 100: 4 lanes per row at 16 bits, the rows'
 # most edge elements). 100 and 102 columns: rows whose edges number 4 and 6 at 16 bits, at any phase; 9, 30 and
-# 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane). Few forward rows in the
-# peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads16 / 32, session 33; on 132 SMs): 64 x
-# 50257, 32 x 50257, 8 x 262143 and 16 x 100003 at 16 bits; 32 x 50257, 16 x 100003, 8 x 262143, 8 x 50257, 2 x
-# 100003 and 1 x 50257 in float32 (float32 64 x 50257 through peel_few_rows; 1 x 50257 at 16 bits and the backward
-# keep single elements or the whole-pack rules' plans).
+# 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane). Few float32 forward rows
+# in the peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads, session 33; on 132 SMs): 32 x
+# 50257, 16 x 100003, 8 x 262143, 8 x 50257, 2 x 100003 and 1 x 50257 (64 x 50257 through peel_few_rows). Few 16-bit
+# rows at the register packs their aligned body's plan spreads them over, fewer than the most (peeled_spread_instance,
+# session 34): the 16-bit cases of those shapes (clusters and grid groups of 1, 2 and 4 packs), 3 x 100003 and 4 x
+# 65537 (clusters of 2 / 1 packs), 3 x 262143 (4 packs), 2 x 1048575 (a grid group of 2 packs); the backward at 1
+# pack: 1 x 4097, 8 x 50257 (clusters), 1 x 300007 (a grid group).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
 AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
                     (140, 50257), (64, 151935), (3, 2_000_001), (64, 50257), (32, 50257), (8, 262143), (16, 100003),
-                    (8, 50257), (1, 50257), (2, 100003))
+                    (8, 50257), (1, 50257), (2, 100003), (3, 100003), (4, 65537), (3, 262143), (2, 1_048_575),
+                    (1, 4097), (1, 300007))
 WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 

@@ -527,14 +527,21 @@ def test_peeled_rows_special_values(kernel, dtype, op):
     assert torch.isnan(out[2]).all() and torch.isnan(out[-1]).all() and torch.isnan(out[-2]).all()
 
 
-# Few same-dtype forward rows that break 16-byte packs and that the whole-pack rules would spread thinly run the
-# peeled cluster of the peeled instances' packs (softmax_dispatch.cpp, kPeeledClusterMinThreads16 / 32; the rule's
-# cases are in test_dispatch_rules.py). Odd lengths put consecutive rows at different element phases (all of them
-# where there are enough rows); special_rows' rows (NaN, +inf, -inf rows, huge magnitudes) in front, as many as the
-# shape has.
-PEELED_CLUSTER_CASES = [((64, 50257), torch.float16), ((32, 50257), torch.bfloat16), ((8, 262143), torch.float16),
-                        ((16, 100003), torch.float32), ((8, 50257), torch.float32), ((3, 100003), torch.float32),
+# Few float32 forward rows that break 16-byte packs and that the whole-pack rules would spread thinly run the
+# peeled cluster of the peeled instances' packs (softmax_dispatch.cpp, kPeeledClusterMinThreads; the rule's cases
+# are in test_dispatch_rules.py). Odd lengths put consecutive rows at different element phases (all of them where
+# there are enough rows); special_rows' rows (NaN, +inf, -inf rows, huge magnitudes) in front, as many as the shape
+# has.
+PEELED_CLUSTER_CASES = [((16, 100003), torch.float32), ((8, 50257), torch.float32), ((3, 100003), torch.float32),
                         ((2, 100003), torch.float32), ((1, 50257), torch.float32)]
+
+
+def special_rows_in_front(shape, dtype) -> torch.Tensor:
+    """A CUDA input of `shape` whose first rows (up to 9) are special_rows'."""
+    x = make_input(shape, torch.float64, seed=shape[1] + shape[0]).to(dtype)
+    specials = min(shape[0], 9)
+    x[:specials] = special_rows(shape[1], dtype)[:specials]
+    return x.cuda()
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -542,13 +549,40 @@ PEELED_CLUSTER_CASES = [((64, 50257), torch.float16), ((32, 50257), torch.bfloat
 def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
     text = softmax_ops.explain(shape, dtype, op=op)
     assert "kernel cluster_onepass:" in text and "the peeled instances'" in text and "rows peeled" in text, text
-    x = make_input(shape, torch.float64, seed=shape[1] + shape[0]).to(dtype)
-    specials = min(shape[0], 9)
-    x[:specials] = special_rows(shape[1], dtype)[:specials]
-    out = check_forward(op, x.cuda())
+    out = check_forward(op, special_rows_in_front(shape, dtype))
     assert torch.isnan(out[0]).all()  # a NaN in the row
     if shape[0] > 2:
         assert torch.isnan(out[2]).all()  # an all -inf row
+
+
+# Few 16-bit rows that break 16-byte packs run their aligned body's plan peeled, at whatever register packs it
+# spreads them over (peeled_spread_instance, session 34; the rule's cases are in test_dispatch_rules.py): each
+# forward bucket below the most (1, 2, 4 packs) and the backward's (1), in clusters and grid groups.
+PEELED_SPREAD_SHAPES = [(4, 65537), (8, 50257), (3, 100003), (2, 1048575), (1, 262143), (64, 50257), (16, 65537),
+                        (1, 4097)]
+
+
+def runs_peeled_spread(shape, dtype, op) -> bool:
+    """Whether `op` runs `shape` peeled at fewer register packs than its peeled instances' most."""
+    line = next(line for line in softmax_ops.explain(shape, dtype, op=op).splitlines() if "kernel " in line)
+    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
+    return "rows peeled" in line and packs < (2 if op.endswith("backward") else 8)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", PEELED_SPREAD_SHAPES)
+def test_few_16_bit_rows_peeled_at_fewer_register_packs(shape, dtype, op):
+    """Forward with special_rows in front; the backward (same shape, so the same plan) on torch's output of
+    random rows."""
+    forward, backward = runs_peeled_spread(shape, dtype, op), runs_peeled_spread(shape, dtype, f"{op}_backward")
+    assert forward or backward, softmax_ops.explain(shape, dtype, op=op)
+    x = special_rows_in_front(shape, dtype)
+    if forward:
+        out = check_forward(op, x)
+        assert torch.isnan(out[0]).all()  # a NaN in the row
+    if backward:
+        check_backward(op, make_input(shape, dtype, seed=3), -1, None)
 
 
 @pytest.mark.parametrize(

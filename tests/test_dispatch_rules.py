@@ -30,10 +30,8 @@ def plan_line(shape, dtype, op="softmax", out_dtype=None) -> str:
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward"])
 @pytest.mark.parametrize("shape,dtype", [((8, 262144), torch.float16), ((4, 1048576), torch.float32),
-                                         ((3, 100003), torch.float16), ((8, 262144), torch.bfloat16)])
+                                         ((8, 262144), torch.bfloat16)])
 def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dtype, op):
-    if shape == (3, 100003) and op == "softmax_backward":
-        pytest.skip("peeled: a cluster of 16 (test_many_rows_that_break_16_byte_packs_are_peeled)")
     line = plan_line(shape, dtype, op)
     assert "kernel grid_onepass" in line and "(cooperative)" in line, line
     ctas = int(line.split(": ")[1].split(" CTAs")[0])
@@ -45,18 +43,18 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
     ((4, 65536), torch.float32, "softmax", "cluster_onepass"),
     ((4, 114688), torch.bfloat16, "softmax", "cluster_onepass"),
     ((8, 131080), torch.float16, "softmax", "grid_onepass"),     # 256 KB + one pack: the grid group
-    ((3, 100003), torch.float16, "softmax", "grid_onepass"),     # single elements: the grid group (measured faster)
+    ((3, 100003), torch.float16, "softmax", "cluster_onepass"),  # peeled: its aligned body's cluster (session 34)
     # Up to 4 rows (clusters of 16 on at most half of 132 SMs): rows of <= 1 MB, all streams
     ((4, 262144), torch.float32, "softmax", "cluster_onepass"),
     ((4, 262144), torch.float16, "softmax_backward", "cluster_onepass"),
     ((4, 262148), torch.float32, "softmax", "grid_onepass"),     # 1 MB + one pack
     ((8, 262144), torch.float16, "softmax", "grid_onepass"),     # 8 rows: the 256 KB rule
-    # Single elements (odd lengths), up to 4 rows: rows of <= 128 KB, all streams
+    # Single elements (odd lengths; float32 only: few 16-bit rows run peeled at any packs), up to 4 rows: rows of
+    # <= 128 KB, all streams
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
-    ((4, 16383), torch.float16, "softmax_backward", "cluster_onepass"),
-    ((4, 50001), torch.float16, "softmax", "cluster_onepass"),
-    ((4, 50001), torch.float16, "softmax_backward", "grid_onepass"),  # 195 KB of two streams
-    ((8, 16383), torch.float16, "softmax", "grid_onepass"),           # 8 rows
+    ((4, 16383), torch.float32, "softmax_backward", "cluster_onepass"),
+    ((4, 25001), torch.float32, "softmax_backward", "grid_onepass"),  # 195 KB of two streams
+    ((8, 16383), torch.float32, "softmax", "grid_onepass"),           # 8 rows
 ])
 def test_few_rows_take_a_cluster_of_16_first_up_to_a_chunk_size(shape, dtype, op, kernel):
     line = plan_line(shape, dtype, op)
@@ -470,11 +468,13 @@ def test_peeled_warp_rows_get_lanes_for_their_packs_and_edge_slots(shape, dtype,
 
 
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
-    ((3, 100003), torch.float16, "softmax", "grid_onepass"),     # few rows: latency-bound, measured as is
-    ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
+    ((4, 16383), torch.float32, "softmax", "cluster_onepass"),  # few float32 rows: latency-bound, measured as is
+    ((8, 16383), torch.float32, "softmax_backward", "grid_onepass"),
+    ((4, 16383), torch.float16, "softmax", "cluster_onepass"),  # a widening result: no peeled instance of its packs
 ])
 def test_other_rows_that_break_16_byte_packs_keep_single_elements(shape, dtype, op, kernel):
-    line = plan_line(shape, dtype, op)
+    out_dtype = torch.float32 if dtype == torch.float16 else None
+    line = plan_line(shape, dtype, op, out_dtype)
     assert f"kernel {kernel}:" in line and "1 element(s) per access" in line and "peeled" not in line, line
 
 
@@ -601,36 +601,55 @@ def test_explain_of_a_result_dtype_follows_the_launchers_casts():
 
 
 @pytest.mark.parametrize("shape,dtype,op,out_dtype,peeled_cluster", [
-    ((64, 50257), torch.float16, "softmax", None, True),          # 18.9 -> 13.4 us (288 threads per CTA)
-    ((32, 50257), torch.bfloat16, "log_softmax", None, True),     # 160 threads
-    ((8, 262143), torch.float16, "softmax", None, True),          # 15.0 -> 12.7
-    ((16, 100003), torch.float32, "softmax", None, True),         # 14.1 -> 12.0
+    ((16, 100003), torch.float32, "softmax", None, True),         # 14.1 -> 12.0 us
+    ((32, 50257), torch.float32, "log_softmax", None, True),
     ((8, 50257), torch.float32, "softmax", None, True),           # 9.2-10.0 -> 8.3-9.1 (128 threads)
     ((1, 50257), torch.float32, "softmax", None, True),           # float32, one row: 8.1-8.8 -> 7.4-7.5
     ((3, 100003), torch.float32, "log_softmax", None, True),
-    ((3, 100003), torch.float16, "softmax", None, False),         # 128 threads at 16 bits: even or slower
-    ((4, 65537), torch.bfloat16, "softmax", None, False),         # 64 threads
     ((8, 32001), torch.float32, "softmax", None, False),          # 64 threads: even
     ((4, 300007), torch.float32, "softmax", None, False),         # 512 threads and 2 shared-memory packs (2 x 300007:
                                                                   # 10.6 -> 11.2 us)
+    ((8, 50257), torch.float32, "softmax_backward", None, False),  # the backward: not measured enough
+    ((64, 50256), torch.float32, "softmax", None, False),         # whole packs: the rules of whole packs
     ((64, 50257), torch.float16, "softmax", torch.float32, False),  # widening: not measured
-    ((64, 50257), torch.float16, "softmax_backward", None, False),  # the backward: not measured enough
-    ((64, 50256), torch.float16, "softmax", None, False),         # whole packs: the rules of whole packs
-    ((2, 151935), torch.float16, "softmax", None, False),         # 16-bit, two rows: +8 / +12% as clusters
-    ((1, 262143), torch.bfloat16, "softmax", None, False),        # 16-bit, one row: even
+    ((64, 50257), torch.float16, "softmax", None, False),         # 16-bit: peel_few_rows (session 34)
+    ((3, 100003), torch.bfloat16, "softmax", None, False),
 ])
 def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype, op, out_dtype, peeled_cluster):
-    """softmax_dispatch.cpp, kPeeledClusterMinThreads16 / 32: few same-dtype forward rows that break 16-byte packs,
+    """softmax_dispatch.cpp, kPeeledClusterMinThreads: few float32 same-dtype forward rows that break 16-byte packs,
     which peel_few_rows leaves to single elements, run the forced cluster_onepass plan (peeled, the peeled
-    instances' register packs) where its CTAs have at least 160 (16-bit) / 128 (float32) threads and no
-    shared-memory packs, 16-bit rows from 3 rows (H100, session 33 calls 3-5 and 9)."""
+    instances' register packs) where its CTAs have at least 128 threads and no shared-memory packs (H100, session
+    33 calls 3-5 and 9). 16-bit rows ran it too until session 34 (test_few_16_bit_rows_that_break_packs_...)."""
     text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
     line = plan_line(shape, dtype, op, out_dtype)
     assert ("register packs each: the peeled instances'" in text) == peeled_cluster, text
     if peeled_cluster:
         assert "kernel cluster_onepass:" in line and "rows peeled" in line and "+ 0 in shared memory" in line, line
         threads = int(line.split(" CTAs x ")[1].split(" threads")[0])
-        assert threads >= (160 if dtype != torch.float32 else 128), line
+        assert threads >= 128, line
         with softmax_ops.force_kernel("softmax", "cluster_onepass"):
             forced = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
         assert line in forced, (line, forced)  # the forced plan, as measured
+
+
+@pytest.mark.parametrize("shape,dtype,op", [
+    ((3, 100003), torch.float16, "softmax"),                 # a cluster of 16, 2 packs per thread
+    ((4, 65537), torch.bfloat16, "log_softmax"),             # 1 pack
+    ((1, 262143), torch.bfloat16, "softmax"),                # 4 packs
+    ((64, 50257), torch.float16, "softmax"),                 # clusters of 4 at 4 packs
+    ((2, 1048575), torch.float16, "softmax"),                # a grid group of 2 packs
+    ((8, 50257), torch.float16, "softmax_backward"),         # the backward at 1 pack (its most is 2)
+    ((1, 300007), torch.bfloat16, "log_softmax_backward"),   # a grid group at 1 pack
+])
+def test_few_16_bit_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op):
+    """softmax_dispatch.cpp, peel_few_rows with peeled_spread_instance: few 16-bit rows with a 16-bit result that
+    break 16-byte packs run the plan of their aligned body (here the aligned row of the same packs), peeled, at
+    whatever register packs that plan spreads them over; before session 34 only the most packs had a peeled
+    instance, and these rows read single elements or ran an 8-pack peeled cluster (H100, session 34 call 1:
+    3 x 100003 fp16 softmax 9.2 -> 8.3-8.8 us, 1 x 262143 bf16 11.2 -> 8.6-9.1, 16 x 65537 softmax_backward -22%)."""
+    rows, n = shape
+    aligned = plan_line((rows, n // vec16(dtype) * vec16(dtype)), dtype, op)
+    line = plan_line(shape, dtype, op)
+    assert line == aligned + ", rows peeled (aligned body in packs, edge elements singly)", (line, aligned)
+    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
+    assert packs < (2 if op.endswith("backward") else 8), line  # fewer than the most: the new instances

@@ -155,40 +155,27 @@ struct Heuristics {
   // Larger chunks lost as clusters: 4 x 50001 softmax_backward fp16 (12.5 KB) +12%, 3 x 100003 softmax fp16 / fp32
   // +10 / +8%, softmax_backward +9..+26%, 2 x 300007 softmax fp16 +62% (*session17-c3-*).
   static constexpr int64_t kClusterFirstScalarMaxChunkBytes = 8 * 1024;
-  // Few rows that break 16-byte packs and that peel_few_rows leaves to single elements (their aligned body's
-  // plan spreads over more threads with fewer packs than the peeled instances hold): same-dtype forwards run the
-  // peeled cluster that force_kernel("softmax", "cluster_onepass") plans (clusters that fill the SMs, each CTA
-  // holding its chunk in the peeled instances' register packs) where its CTAs have at least this many threads
-  // (16-bit / float32) and no shared-memory packs; 16-bit rows from kPeeledClusterMinRows16 rows. H100, session 33
-  // calls 3-4 (tune_softmax.py, two runs each, us, automatic single elements -> forced peeled cluster;
-  // *session33-c4-tune-few-rows-cluster{1,2}*):
-  //   16-bit wins from 160 threads: 64 x 50257 fp16 18.9 / 18.9 -> 13.4 / 13.4 (288 threads), bf16 18.9 -> 15.1;
-  //     32 x 50257 (160) 13.7 -> 11.4-11.8; 16 x 100003 (192) 13.0-13.4 -> 12.3 (fp16 one run 42.8, an outlier);
-  //     8 x 262143 (256) 15.0 / 14.3 -> 12.7 / 12.6-13.2;
-  //   but even or slower at 128 threads or fewer: 3 x 100003 (128) 8.7-9.5 -> 9.2-9.8, 4 x 114687 (128) 9.6-9.9
-  //     -> 9.4-10.2, 1 x 128257 (128) 9.2-9.3 -> 9.3-10.0, 4 x 65537 (64) 8.4-9.1 -> 9.0-10.2, 8 x 32001 (32)
-  //     8.4 -> 9.5-9.6;
-  //   float32 wins from 128 threads: 1 x 50257 (128) 9.1 -> 7.6, 8 x 50257 (128) 10.2 -> 9.2, 4 x 65537 (128)
-  //     9.2-9.3 -> 8.0-9.0, 3 x 100003 (224) 9.0 -> 8.1-9.0, 4 x 114687 (224) 9.6-10.6 -> 8.7-9.6, 16 x 100003
-  //     (352) 14.1 -> 12.0, 32 x 50257 (320) 14.2 -> 12.1, 1 x 128257 10.3-10.6 -> 8.0-8.6, 8 x 262143 17.1-17.2
-  //     -> 15.3-16.3; even at 64 (8 x 32001 8.6 -> 8.5); slower with shared-memory packs (2 x 300007: 512 threads
-  //     and 2 packs in shared memory, 10.6 -> 11.2).
+  // Few float32 rows that break 16-byte packs and that peel_few_rows leaves to single elements (their aligned
+  // body's plan spreads over more threads with fewer packs than the float32 peeled instances hold): same-dtype
+  // forwards run the peeled cluster that force_kernel("softmax", "cluster_onepass") plans (clusters that fill the
+  // SMs, each CTA holding its chunk in the peeled instances' 8 register packs) where its CTAs have at least this many
+  // threads and no shared-memory packs. H100, session 33 calls 3-4 (tune_softmax.py, two runs each, us, automatic
+  // single elements -> forced peeled cluster; *session33-c4-tune-few-rows-cluster{1,2}*): wins from 128 threads:
+  // 1 x 50257 (128) 9.1 -> 7.6, 8 x 50257 (128) 10.2 -> 9.2, 4 x 65537 (128) 9.2-9.3 -> 8.0-9.0, 3 x 100003 (224)
+  // 9.0 -> 8.1-9.0, 4 x 114687 (224) 9.6-10.6 -> 8.7-9.6, 16 x 100003 (352) 14.1 -> 12.0, 32 x 50257 (320) 14.2 ->
+  // 12.1, 1 x 128257 10.3-10.6 -> 8.0-8.6, 8 x 262143 17.1-17.2 -> 15.3-16.3; even at 64 (8 x 32001 8.6 -> 8.5);
+  // slower with shared-memory packs (2 x 300007: 512 threads and 2 packs in shared memory, 10.6 -> 11.2).
   // Call 5, this rule against the rules before it (A/B in turns, two rounds, us, *session33-c5-compare-peeled-
-  // cluster.txt*): 64 x 50257 fp16 / bf16 18.3 / 18.0 -> 13.8 / 14.3, 32 x 50257 -15 / -16 / -17% (fp32 too), 16 x
-  // 100003 -18 / -10 / -14%, 8 x 262143 -28 / -12 / -8%, 16 x 262143 fp16 / bf16 -21 / -14%, 8 x 300007 -18 / -13%,
-  // 100 x 32001 fp16 / bf16 20.2 -> 13.2 / 13.3, 131 x 32769 fp16 21.9 -> 13.6, float32 131 x 16385 -24%, 4 x 114687
-  // -15%, 8 x 50257 -10%, 1 x 128257 -18%, 1 x 50257 -12%; but 16-bit 2 x 151935 lost 8 / 12% (fp16 / bf16: clusters
-  // of 16 on 32 SMs where the grid group spreads the rows over all of them) and 1 x 262143 was even, so 16-bit
-  // rows of one or two keep their plans. (The float32 2 x 151935 and 1 x 262143 of that call, +5 / +6%, compared
-  // one plan with itself: peel_few_rows already gives them this cluster.) Call 9, float32 rows of one or two under
-  // the rule against the rules before it (two rounds in turns, best of two, us; *session33-c9-compare-fp32-one-two-
-  // rows.txt*): softmax 1 x 128257 9.6 -> 7.8, 1 x 100003 8.6 -> 7.8, 2 x 114687 9.2 -> 7.9, 2 x 50257 8.6 -> 7.6,
-  // 2 x 65537 8.1 -> 8.2, the other five -2..-9%; log_softmax -3..-29% on all ten.
-  // Not measured, so not included: the backward (four shapes in call 4 went the same way at 16 bits), widening
-  // forwards, float64.
-  static constexpr int kPeeledClusterMinThreads16 = 160;
-  static constexpr int kPeeledClusterMinThreads32 = 128;
-  static constexpr int64_t kPeeledClusterMinRows16 = 3;
+  // cluster.txt*): 32 x 50257 -17%, 16 x 100003 -14%, 8 x 262143 -8%, 131 x 16385 -24%, 4 x 114687 -15%, 8 x 50257
+  // -10%, 1 x 128257 -18%, 1 x 50257 -12%. Call 9, rows of one or two (two rounds in turns, best of two, us;
+  // *session33-c9-compare-fp32-one-two-rows.txt*): softmax 1 x 128257 9.6 -> 7.8, 1 x 100003 8.6 -> 7.8, 2 x 114687
+  // 9.2 -> 7.9, 2 x 50257 8.6 -> 7.6, 2 x 65537 8.1 -> 8.2, the other five -2..-9%; log_softmax -3..-29% on all ten.
+  // 16-bit rows ran this cluster too in session 33 (from 160 threads and 3 rows: 64 x 50257 fp16 18.3 -> 13.8 us)
+  // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
+  // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
+  // *session34-c1-tune-new-vs-cluster*; the other 7 within 1-8%).
+  // Not measured, so not included: the backward, widening forwards, float64.
+  static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
   // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
@@ -413,16 +400,16 @@ struct CacheShape {
 std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget,
                                       int spread_threads = 0, bool group = false) {
   packs = std::max<int64_t>(packs, 1);
-  // Peeled rows have the most register packs only (softmax_block.cu compiles no other bucket for them).
+  // The peeled view plans the most register packs only (its forced plans, and the rules that peel many rows); the
+  // kBody view spreads too, and peel_few_rows runs such a plan peeled where softmax_block.cu compiles its bucket.
   if (spread_threads > 0 && g.vec > 1 && !g.peel) {
     for (int reg_packs = 1; reg_packs < g.max_reg_packs; reg_packs *= 2) {
       const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
       if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
     }
   }
-  // The largest bucket (see the heuristic above; the only one for single elements and for peeled rows, the kBody
-  // view's plan included: peel_few_rows runs only that bucket peeled), but for widening groups
-  // (Heuristics::kWideningGroupRegPacks).
+  // The largest bucket (see the heuristic above; the only one for single elements and for the peeled view), but for
+  // widening groups (Heuristics::kWideningGroupRegPacks) outside the peeled and kBody views.
   const bool runs_peeled = g.peel || g.body;
   const int reg_packs = g.widening && group && !runs_peeled ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
   const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
@@ -632,16 +619,26 @@ class Chooser {
            static_cast<double>(g_.rows) < Heuristics::kPeelOneWarpMinRowsPerSm * props_.sm_count;
   }
 
-  // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where
-  // it holds the most register packs per thread (the peeled instances' only bucket: long rows); where it would
-  // stream (the grid group's streamed form has no peeled instance) or split, the peeled split_row. Shorter rows
-  // keep single elements: the whole-pack rules spread them over more threads with fewer packs each (latency-
-  // bound), which single elements do too. H100, session 19 call 3 (single elements against the aligned
-  // neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607
-  // 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 /
-  // 0.80 vs 0.64 / 0.78. A/B of this rule (call 4, two interleaved runs, softmax / both backwards, fp16 and
-  // fp32, *session19-c4-compare*): 4 x 33554431 -39..-46%, 4 x 8388607 -27..-37% (peeled split_row), 64 x 151935
-  // -21..-46%, 8 x 262143 16-bit backward -21..-23%; 2 x 300007 fp16 softmax +6.8% (a peeled cluster of 16).
+  // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where a
+  // peeled instance holds its register packs: the most (long rows), or for 16-bit rows with a 16-bit result any fewer
+  // (peeled_spread_instance); where it would stream (the grid group's streamed form has no peeled instance) or split,
+  // the peeled split_row. Shorter float32 and widening rows keep single elements (or peeled_cluster_rows): the
+  // whole-pack rules spread them over more threads with fewer packs each (latency-bound), which single elements do too.
+  // H100, session 19 call 3 (single elements against the aligned neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431
+  // 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935
+  // 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 / 0.80 vs 0.64 / 0.78. A/B of this rule (call 4, two interleaved runs,
+  // softmax / both backwards, fp16 and fp32, *session19-c4-compare*): 4 x 33554431 -39..-46%, 4 x 8388607 -27..-37%
+  // (peeled split_row), 64 x 151935 -21..-46%, 8 x 262143 16-bit backward -21..-23%; 2 x 300007 fp16 softmax +6.8% (a
+  // peeled cluster of 16).
+  // 16-bit rows spread over fewer packs, against single elements or session 33's peeled cluster of 8 packs: H100,
+  // session 34 call 1 (A/B in turns against 21fb4f0, two rounds, us, fp16 / bf16;
+  // *session34-c1-compare-peeled-spread.txt*): softmax 3 x 100003 9.2 / 8.6-8.7 -> 8.3-8.8 / 7.3-8.2, 1 x 262143
+  // 10.5-11.0 / 11.2 -> 8.8-9.0 / 8.6-9.1, 4 x 1048575 21.1-21.9 / 21.2-22.0 -> 15.4-15.5 / 15.1-15.7, 48 x 24577 -18 /
+  // -23%, 4 x 151935 -13 / -19%, 8 x 32001 -13 / -18%, 1 x 128257 -12 / -14%, 16 x 262143 -4 / -12%, 64 x 50257 -6 /
+  // -11%; softmax_backward 16 x 65537 12.8-13.6 / 13.5-13.6 -> 10.3-10.4 / 10.3-10.4, 1 x 1048575 15.3-15.4 / 14.7-15.3
+  // -> 12.4 / 12.4-13.1, 4 x 65537 -17 / -11%, 8 x 32001 -17 / -14%, 8 x 100003 -14 / -15%, 1 x 32001 -21 / -11%.
+  // Within the few-microsecond spread (up to 12% for one plan against itself in the same call: 3 x 100000
+  // softmax_backward fp16): 1 x 32001 softmax fp16 +7% (bf16 -3%), 8 x 262143 fp16 +5% (bf16 -4%).
   std::optional<SoftmaxChoice> peel_few_rows() const {
     SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
     if (!choice.error.empty()) return std::nullopt;
@@ -653,23 +650,23 @@ class Chooser {
     }
     const bool one_pass = plan.kernel == SoftmaxKernel::kBlockOnePass || plan.kernel == SoftmaxKernel::kClusterOnePass ||
                           plan.kernel == SoftmaxKernel::kGridOnePass;
-    if (!one_pass || plan.lean || plan.prefetch || plan.reg_packs != g_.max_reg_packs) return std::nullopt;
+    const bool compiled_peeled = plan.reg_packs == g_.max_reg_packs ||
+                                 peeled_spread_instance(p_.in_dtype, p_.out_dtype, p_.backward, plan.reg_packs);
+    if (!one_pass || plan.lean || plan.prefetch || !compiled_peeled) return std::nullopt;
     choice.plan.peel = true;
     return choice;
   }
 
-  // Few same-dtype forward rows that break 16-byte packs, where peel_few_rows keeps single elements: the peeled
-  // cluster (the forced cluster_onepass plan; this Chooser's view is kPeeled) where its CTAs have at least
-  // kPeeledClusterMinThreads16 / 32 threads and hold their chunk in registers, 16-bit rows from
-  // kPeeledClusterMinRows16 rows.
+  // Few float32 same-dtype forward rows that break 16-byte packs, where peel_few_rows keeps single elements: the
+  // peeled cluster (the forced cluster_onepass plan; this Chooser's view is kPeeled) where its CTAs have at least
+  // kPeeledClusterMinThreads threads and hold their chunk in registers. (peel_few_rows takes every such 16-bit row.)
   std::optional<SoftmaxChoice> peeled_cluster_rows() {
-    if (g_.streams != 1 || g_.widening || (g_.in_bytes != 2 && g_.in_bytes != 4)) return std::nullopt;
-    if (g_.in_bytes == 2 && g_.rows < Heuristics::kPeeledClusterMinRows16) return std::nullopt;
+    if (g_.streams != 1 || g_.widening || g_.in_bytes != 4) return std::nullopt;
     std::optional<SoftmaxChoice> choice = filling_clusters();
     if (!choice) return std::nullopt;
-    const int min_threads =
-        g_.in_bytes == 2 ? Heuristics::kPeeledClusterMinThreads16 : Heuristics::kPeeledClusterMinThreads32;
-    if (choice->plan.threads < min_threads || choice->plan.smem_packs != 0) return std::nullopt;
+    if (choice->plan.threads < Heuristics::kPeeledClusterMinThreads || choice->plan.smem_packs != 0) {
+      return std::nullopt;
+    }
     choice->reason = few_rows_note() + ": " + choice->reason + " (" + std::to_string(choice->plan.threads) +
                      " threads per CTA at " + std::to_string(choice->plan.reg_packs) +
                      " register packs each: the peeled instances')";

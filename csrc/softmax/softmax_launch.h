@@ -139,6 +139,17 @@ constexpr int max_block_reg_packs(DType in_dtype, bool backward) {
   return 8;
 }
 
+// Peeled instances below the most register packs: 16-bit rows with a 16-bit result, every bucket under the
+// maximum (forward 1, 2 and 4 packs, backward 1). Few such rows spread over more threads with fewer packs each
+// (cache_shape's spread, the plan of their aligned body), which peel_few_rows then runs peeled; before these
+// instances it could peel only the largest bucket, and such rows read single elements (H100: 3 x 100003 fp16 softmax
+// at 0.55 of copy in session 33's sweep, its aligned neighbour 3 x 100000 at 0.70 in session 34 call 1).
+// softmax_block.cu compiles exactly these.
+constexpr bool peeled_spread_instance(DType in_dtype, DType out_dtype, bool backward, int reg_packs) {
+  const auto narrow = [](DType d) { return d == DType::kFloat16 || d == DType::kBFloat16; };
+  return narrow(in_dtype) && narrow(out_dtype) && reg_packs < max_block_reg_packs(in_dtype, backward);
+}
+
 // Register packs per thread of the grid kernel's streaming instance (chunks larger than the cache): its
 // folding loop keeps kStreamUnroll packs in flight next to the cache, under the same 64-register budget.
 // nvcc 13.0, sm_90 (-Xptxas -v): 2 packs spill nothing (fp32 forward) to 20 bytes (fp16); 8 spilled 100-280
