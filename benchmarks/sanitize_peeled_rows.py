@@ -25,12 +25,13 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # rows at the register packs their aligned body's plan spreads them over, fewer than the most (peeled_spread_instance,
 # session 34): the 16-bit cases of those shapes (clusters and grid groups of 1, 2 and 4 packs), 3 x 100003 and 4 x
 # 65537 (clusters of 2 / 1 packs), 3 x 262143 (4 packs), 2 x 1048575 (a grid group of 2 packs); the backward at 1
-# pack: 1 x 4097, 8 x 50257 (clusters), 1 x 300007 (a grid group).
+# pack: 1 x 4097, 8 x 50257 (clusters), 1 x 300007 (a grid group); the float32 backward at 1 and 2 packs: 8 x 16383,
+# 4 x 65537 (clusters), 8 x 50257 (a grid group).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
 AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
                     (140, 50257), (64, 151935), (3, 2_000_001), (64, 50257), (32, 50257), (8, 262143), (16, 100003),
                     (8, 50257), (1, 50257), (2, 100003), (3, 100003), (4, 65537), (3, 262143), (2, 1_048_575),
-                    (1, 4097), (1, 300007))
+                    (1, 4097), (1, 300007), (8, 16383))
 WARP_MAX_N = 1023  # 16-bit: 127 packs (the warp kernel holds 32 lanes x 8 packs); float32 255
 
 

@@ -555,24 +555,25 @@ def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
         assert torch.isnan(out[2]).all()  # an all -inf row
 
 
-# Few 16-bit rows that break 16-byte packs run their aligned body's plan peeled, at whatever register packs it
-# spreads them over (peeled_spread_instance, session 34; the rule's cases are in test_dispatch_rules.py): each
-# forward bucket below the most (1, 2, 4 packs) and the backward's (1), in clusters and grid groups.
+# Few rows that break 16-byte packs run their aligned body's plan peeled, at whatever register packs it spreads them
+# over (peeled_spread_instance, session 34; the rule's cases are in test_dispatch_rules.py): each 16-bit forward
+# bucket below the most (1, 2, 4 packs), the 16-bit backward's (1) and the float32 backward's (1, 2), in clusters
+# and grid groups. (The float32 forward has no such instances: its cases run the backward only.)
 PEELED_SPREAD_SHAPES = [(4, 65537), (8, 50257), (3, 100003), (2, 1048575), (1, 262143), (64, 50257), (16, 65537),
-                        (1, 4097)]
+                        (1, 4097), (8, 16383)]
 
 
 def runs_peeled_spread(shape, dtype, op) -> bool:
     """Whether `op` runs `shape` peeled at fewer register packs than its peeled instances' most."""
     line = next(line for line in softmax_ops.explain(shape, dtype, op=op).splitlines() if "kernel " in line)
     packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    return "rows peeled" in line and packs < (2 if op.endswith("backward") else 8)
+    return "rows peeled" in line and packs < max_block_reg_packs(dtype, op.endswith("backward"))
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("shape", PEELED_SPREAD_SHAPES)
-def test_few_16_bit_rows_peeled_at_fewer_register_packs(shape, dtype, op):
+def test_few_rows_peeled_at_fewer_register_packs(shape, dtype, op):
     """Forward with special_rows in front; the backward (same shape, so the same plan) on torch's output of
     random rows."""
     forward, backward = runs_peeled_spread(shape, dtype, op), runs_peeled_spread(shape, dtype, f"{op}_backward")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import block_capacity_packs, vec16
+from conftest import block_capacity_packs, max_block_reg_packs, vec16
 
 import softmax_ops
 
@@ -38,26 +38,26 @@ def test_few_long_rows_spread_over_every_sm_in_one_cooperative_launch(shape, dty
     assert ctas > 16 * shape[0], line  # more CTAs per row than the largest cluster (16)
 
 
-@pytest.mark.parametrize("shape,dtype,op,kernel", [
-    ((4, 16384), torch.float16, "softmax", "cluster_onepass"),   # rows of <= 256 KB: a cluster of 16 first
-    ((4, 65536), torch.float32, "softmax", "cluster_onepass"),
-    ((4, 114688), torch.bfloat16, "softmax", "cluster_onepass"),
-    ((8, 131080), torch.float16, "softmax", "grid_onepass"),     # 256 KB + one pack: the grid group
-    ((3, 100003), torch.float16, "softmax", "cluster_onepass"),  # peeled: its aligned body's cluster (session 34)
+@pytest.mark.parametrize("shape,dtype,op,kernel,input_dtype", [
+    ((4, 16384), torch.float16, "softmax", "cluster_onepass", None),   # rows of <= 256 KB: a cluster of 16 first
+    ((4, 65536), torch.float32, "softmax", "cluster_onepass", None),
+    ((4, 114688), torch.bfloat16, "softmax", "cluster_onepass", None),
+    ((8, 131080), torch.float16, "softmax", "grid_onepass", None),     # 256 KB + one pack: the grid group
+    ((3, 100003), torch.float16, "softmax", "cluster_onepass", None),  # peeled: its aligned body's cluster (session 34)
     # Up to 4 rows (clusters of 16 on at most half of 132 SMs): rows of <= 1 MB, all streams
-    ((4, 262144), torch.float32, "softmax", "cluster_onepass"),
-    ((4, 262144), torch.float16, "softmax_backward", "cluster_onepass"),
-    ((4, 262148), torch.float32, "softmax", "grid_onepass"),     # 1 MB + one pack
-    ((8, 262144), torch.float16, "softmax", "grid_onepass"),     # 8 rows: the 256 KB rule
-    # Single elements (odd lengths; float32 only: few 16-bit rows run peeled at any packs), up to 4 rows: rows of
-    # <= 128 KB, all streams
-    ((4, 16383), torch.float32, "softmax", "cluster_onepass"),
-    ((4, 16383), torch.float32, "softmax_backward", "cluster_onepass"),
-    ((4, 25001), torch.float32, "softmax_backward", "grid_onepass"),  # 195 KB of two streams
-    ((8, 16383), torch.float32, "softmax", "grid_onepass"),           # 8 rows
+    ((4, 262144), torch.float32, "softmax", "cluster_onepass", None),
+    ((4, 262144), torch.float16, "softmax_backward", "cluster_onepass", None),
+    ((4, 262148), torch.float32, "softmax", "grid_onepass", None),     # 1 MB + one pack
+    ((8, 262144), torch.float16, "softmax", "grid_onepass", None),     # 8 rows: the 256 KB rule
+    # Single elements (odd lengths: the float32 forward, and a float32 backward of a 16-bit input; few same-dtype
+    # 16-bit rows and float32 backward rows run peeled at any packs), up to 4 rows: rows of <= 128 KB, all streams
+    ((4, 16383), torch.float32, "softmax", "cluster_onepass", None),
+    ((4, 16383), torch.float32, "softmax_backward", "cluster_onepass", torch.float16),
+    ((4, 25001), torch.float32, "softmax_backward", "grid_onepass", torch.float16),  # 195 KB of two streams
+    ((8, 16383), torch.float32, "softmax", "grid_onepass", None),                   # 8 rows
 ])
-def test_few_rows_take_a_cluster_of_16_first_up_to_a_chunk_size(shape, dtype, op, kernel):
-    line = plan_line(shape, dtype, op)
+def test_few_rows_take_a_cluster_of_16_first_up_to_a_chunk_size(shape, dtype, op, kernel, input_dtype):
+    line = plan_line(shape, dtype, op, input_dtype)  # a backward's input_dtype, where it differs: explain's out_dtype
     assert f"kernel {kernel}:" in line, line
     if kernel == "cluster_onepass":
         assert "clusters of 16 CTAs per row" in line, line
@@ -469,11 +469,13 @@ def test_peeled_warp_rows_get_lanes_for_their_packs_and_edge_slots(shape, dtype,
 
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),  # few float32 rows: latency-bound, measured as is
-    ((8, 16383), torch.float32, "softmax_backward", "grid_onepass"),
     ((4, 16383), torch.float16, "softmax", "cluster_onepass"),  # a widening result: no peeled instance of its packs
+    ((8, 16383), torch.float32, "softmax_backward", "grid_onepass"),  # float32 gradients of a float16 input: alike
 ])
 def test_other_rows_that_break_16_byte_packs_keep_single_elements(shape, dtype, op, kernel):
     out_dtype = torch.float32 if dtype == torch.float16 else None
+    if op.endswith("backward"):
+        out_dtype = torch.float16
     line = plan_line(shape, dtype, op, out_dtype)
     assert f"kernel {kernel}:" in line and "1 element(s) per access" in line and "peeled" not in line, line
 
@@ -609,7 +611,7 @@ def test_explain_of_a_result_dtype_follows_the_launchers_casts():
     ((8, 32001), torch.float32, "softmax", None, False),          # 64 threads: even
     ((4, 300007), torch.float32, "softmax", None, False),         # 512 threads and 2 shared-memory packs (2 x 300007:
                                                                   # 10.6 -> 11.2 us)
-    ((8, 50257), torch.float32, "softmax_backward", None, False),  # the backward: not measured enough
+    ((8, 50257), torch.float32, "softmax_backward", None, False),  # the backward: peel_few_rows (session 34)
     ((64, 50256), torch.float32, "softmax", None, False),         # whole packs: the rules of whole packs
     ((64, 50257), torch.float16, "softmax", torch.float32, False),  # widening: not measured
     ((64, 50257), torch.float16, "softmax", None, False),         # 16-bit: peel_few_rows (session 34)
@@ -640,16 +642,28 @@ def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype,
     ((2, 1048575), torch.float16, "softmax"),                # a grid group of 2 packs
     ((8, 50257), torch.float16, "softmax_backward"),         # the backward at 1 pack (its most is 2)
     ((1, 300007), torch.bfloat16, "log_softmax_backward"),   # a grid group at 1 pack
+    ((8, 16383), torch.float32, "softmax_backward"),         # float32 backward: 1 pack (its most is 4)
+    ((4, 65537), torch.float32, "log_softmax_backward"),     # 2 packs
+    ((8, 50257), torch.float32, "softmax_backward"),         # a grid group
 ])
-def test_few_16_bit_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op):
-    """softmax_dispatch.cpp, peel_few_rows with peeled_spread_instance: few 16-bit rows with a 16-bit result that
-    break 16-byte packs run the plan of their aligned body (here the aligned row of the same packs), peeled, at
-    whatever register packs that plan spreads them over; before session 34 only the most packs had a peeled
-    instance, and these rows read single elements or ran an 8-pack peeled cluster (H100, session 34 call 1:
-    3 x 100003 fp16 softmax 9.2 -> 8.3-8.8 us, 1 x 262143 bf16 11.2 -> 8.6-9.1, 16 x 65537 softmax_backward -22%)."""
+def test_few_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op):
+    """softmax_dispatch.cpp, peel_few_rows with peeled_spread_instance: few 16-bit rows with a 16-bit result, and
+    few float32 backward rows, that break 16-byte packs run the plan of their aligned body (here the aligned row of
+    the same packs), peeled, at whatever register packs that plan spreads them over; before session 34 only the
+    most packs had a peeled instance, and these rows read single elements or ran an 8-pack peeled cluster (H100,
+    session 34 calls 1-2: 3 x 100003 fp16 softmax 9.2 -> 8.3-8.8 us, 1 x 262143 bf16 11.2 -> 8.6-9.1, 16 x 65537
+    softmax_backward -22%, float32 8 x 16383 softmax_backward 8.5-8.7 -> 6.8-7.0)."""
     rows, n = shape
     aligned = plan_line((rows, n // vec16(dtype) * vec16(dtype)), dtype, op)
     line = plan_line(shape, dtype, op)
     assert line == aligned + ", rows peeled (aligned body in packs, edge elements singly)", (line, aligned)
     packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    assert packs < (2 if op.endswith("backward") else 8), line  # fewer than the most: the new instances
+    assert packs < max_block_reg_packs(dtype, op.endswith("backward")), line  # fewer than the most: the new instances
+
+
+@pytest.mark.parametrize("shape", [(8, 65537), (16, 100003), (4, 24577)])
+def test_few_float32_forward_rows_that_break_packs_are_not_spread_peeled(shape):
+    """The float32 forward has no peeled instance below 8 packs: spread, it lost to the peeled cluster by 6-23% on
+    8 of 16 shapes (session 34 call 2), so its few odd rows keep that cluster or single elements."""
+    line = plan_line(shape, torch.float32, "softmax")
+    assert "8 pack(s) per thread in registers" in line, line

@@ -35,7 +35,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         constexpr bool kCanLean = kVec > 1 && (kRegPacks == lean_reg_packs(kInBytes, kBackward, false) ||
                                                kRegPacks == lean_reg_packs(kInBytes, kBackward, true));
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
-        // the lean forms' packs, or for 16-bit rows the fewer packs of a spread few-rows plan (peel_few_rows).
+        // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_spread_instance).
         constexpr bool kCanPeel =
             kVec > 1 && (kRegPacks == kMaxRegPacks<Op> ||
                          peeled_spread_instance(kDTypeOf<typename Op::In>, kDTypeOf<typename Op::Out>, kBackward,

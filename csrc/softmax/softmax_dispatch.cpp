@@ -174,7 +174,8 @@ struct Heuristics {
   // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
   // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
   // *session34-c1-tune-new-vs-cluster*; the other 7 within 1-8%).
-  // Not measured, so not included: the backward, widening forwards, float64.
+  // Not included: the backward (its float32 rows run peeled at fewer packs: peeled_spread_instance), widening
+  // forwards, float64 (not measured).
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
@@ -620,10 +621,11 @@ class Chooser {
   }
 
   // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where a
-  // peeled instance holds its register packs: the most (long rows), or for 16-bit rows with a 16-bit result any fewer
-  // (peeled_spread_instance); where it would stream (the grid group's streamed form has no peeled instance) or split,
-  // the peeled split_row. Shorter float32 and widening rows keep single elements (or peeled_cluster_rows): the
-  // whole-pack rules spread them over more threads with fewer packs each (latency-bound), which single elements do too.
+  // peeled instance holds its register packs: the most (long rows), or any fewer for a same-dtype result of 16-bit rows
+  // and for the float32 backward (peeled_spread_instance); where it would stream (the grid group's streamed form has no
+  // peeled instance) or split, the peeled split_row. Shorter float32 forward and widening rows keep single elements (or
+  // peeled_cluster_rows): the whole-pack rules spread them over more threads with fewer packs each (latency-bound),
+  // which single elements do too.
   // H100, session 19 call 3 (single elements against the aligned neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431
   // 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935
   // 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 / 0.80 vs 0.64 / 0.78. A/B of this rule (call 4, two interleaved runs,
@@ -639,6 +641,10 @@ class Chooser {
   // -> 12.4 / 12.4-13.1, 4 x 65537 -17 / -11%, 8 x 32001 -17 / -14%, 8 x 100003 -14 / -15%, 1 x 32001 -21 / -11%.
   // Within the few-microsecond spread (up to 12% for one plan against itself in the same call: 3 x 100000
   // softmax_backward fp16): 1 x 32001 softmax fp16 +7% (bf16 -3%), 8 x 262143 fp16 +5% (bf16 -4%).
+  // The float32 backward so spread, against single elements (session 34 call 2, same protocol, us,
+  // *session34-c2-compare-peeled-spread-fp32.txt*): softmax_backward 8 x 16383 8.5-8.7 -> 6.8-7.0, 1 x 50257 8.9-9.0 ->
+  // 7.1-7.6, 24 x 32001 12.5 -> 10.1-10.2, 4 x 24577 -17%, 48 x 16385 -16%, 16 x 32001 -14%, 4 x 65537 -13%, 1 x 32001
+  // -10%; within the spread: 8 x 65537 +5%, 1 x 300007 +4%.
   std::optional<SoftmaxChoice> peel_few_rows() const {
     SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
     if (!choice.error.empty()) return std::nullopt;
