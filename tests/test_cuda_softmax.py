@@ -558,9 +558,13 @@ def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
 # Few rows that break 16-byte packs run their aligned body's plan peeled, at whatever register packs it spreads them
 # over (peeled_spread_instance, session 34; the rule's cases are in test_dispatch_rules.py): each 16-bit forward
 # bucket below the most (1, 2, 4 packs), the 16-bit backward's (1) and the float32 backward's (1, 2), in clusters
-# and grid groups. (The float32 forward has no such instances: its cases run the backward only.)
+# and grid groups. (The float32 forward has no such instances: its cases check the backward only.)
 PEELED_SPREAD_SHAPES = [(4, 65537), (8, 50257), (3, 100003), (2, 1048575), (1, 262143), (64, 50257), (16, 65537),
                         (1, 4097), (8, 16383)]
+# The float32 backward's: clusters at 1 and 2 packs, a grid group at 1 (the other shapes hold 4, its most).
+FLOAT32_PEELED_SPREAD_SHAPES = [(4, 65537), (8, 16383), (1, 4097), (8, 50257), (1, 262143)]
+PEELED_SPREAD_CASES = [(shape, dtype) for dtype in (torch.float16, torch.bfloat16) for shape in PEELED_SPREAD_SHAPES]
+PEELED_SPREAD_CASES += [(shape, torch.float32) for shape in FLOAT32_PEELED_SPREAD_SHAPES]
 
 
 def runs_peeled_spread(shape, dtype, op) -> bool:
@@ -571,8 +575,7 @@ def runs_peeled_spread(shape, dtype, op) -> bool:
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("shape", PEELED_SPREAD_SHAPES)
+@pytest.mark.parametrize("shape,dtype", PEELED_SPREAD_CASES)
 def test_few_rows_peeled_at_fewer_register_packs(shape, dtype, op):
     """Forward with special_rows in front; the backward (same shape, so the same plan) on torch's output of
     random rows."""
