@@ -561,8 +561,9 @@ def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
 # and grid groups. (The float32 forward has no such instances: its cases check the backward only.)
 PEELED_SPREAD_SHAPES = [(4, 65537), (8, 50257), (3, 100003), (2, 1048575), (1, 262143), (64, 50257), (16, 65537),
                         (1, 4097), (8, 16383)]
-# The float32 backward's: clusters at 1 and 2 packs, a grid group at 1 (the other shapes hold 4, its most).
-FLOAT32_PEELED_SPREAD_SHAPES = [(4, 65537), (8, 16383), (1, 4097), (8, 50257), (1, 262143)]
+# The float32 backward's: clusters at 1 and 2 packs, grid groups at 1 (3 x 100003, 2 x 1048575 and 64 x 50257 hold
+# its most, 4).
+FLOAT32_PEELED_SPREAD_SHAPES = [(4, 65537), (8, 16383), (1, 4097), (8, 50257), (1, 262143), (16, 65537)]
 PEELED_SPREAD_CASES = [(shape, dtype) for dtype in (torch.float16, torch.bfloat16) for shape in PEELED_SPREAD_SHAPES]
 PEELED_SPREAD_CASES += [(shape, torch.float32) for shape in FLOAT32_PEELED_SPREAD_SHAPES]
 
@@ -925,7 +926,18 @@ DETERMINISM_CASES = [
     ("two_pass", (8, 200001)),  # peeled
     ("split_row", (3, 1 << 21)),
     ("strided", (64, 512, 33)),
+    (None, (8, 16383)),  # the automatic plans: the float32 backward peeled at 1 register pack (a cluster of 16)
 ]
+
+
+def forced_everywhere(kernel):
+    """Both families forced to `kernel`, or the automatic plans for None."""
+    if kernel is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(softmax_ops.force_kernel(FORWARD_FAMILY, kernel))
+    stack.enter_context(softmax_ops.force_kernel(BACKWARD_FAMILY, kernel))
+    return stack
 
 
 @pytest.mark.parametrize("kernel,shape", DETERMINISM_CASES)
@@ -933,7 +945,7 @@ def test_bitwise_deterministic(kernel, shape):
     x = make_input(shape, torch.float32, seed=13)
     grad = make_input(shape, torch.float32, seed=14, scale=1.0)
     dim = 1
-    with softmax_ops.force_kernel(FORWARD_FAMILY, kernel), softmax_ops.force_kernel(BACKWARD_FAMILY, kernel):
+    with forced_everywhere(kernel):
         first = softmax_ops.softmax(x, dim)
         first_log = softmax_ops.log_softmax(x, dim)
         first_grad = torch.ops.softmax_ops.softmax_backward(grad, first, dim, x.dtype)
@@ -948,6 +960,7 @@ def test_bitwise_deterministic(kernel, shape):
     [
         (None, (512, 1000)),
         (None, (300, 4095)),  # peeled
+        (None, (3, 100003)),  # few peeled rows at 2 register packs (a cluster of 16)
         ("split_row", (3, 300000)),
         ("cluster_onepass", (4, 262144)),
         ("grid_onepass", (4, 262144)),

@@ -570,16 +570,16 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel block_onepass" in line(8 * SM_COUNT - 1, 16384)
     assert "kernel block_onepass" in line(2048, 8192)
     # Cluster and grid groups cache widening rows in 4 register packs per thread (kWideningGroupRegPacks: their
-    # results are written in lane pairs, which spilled in the 8-pack instance); peeled rows keep the 8 packs of
-    # their only instance, a same-dtype result the 8 of the largest bucket.
+    # results are written in lane pairs, which spilled in the 8-pack instance); peeled widening rows keep the 8 packs
+    # of their only instance, a same-dtype result the 8 of the largest bucket.
     # (How many CTAs a grid group gives each row depends on the device's occupancy answer.)
     assert "clusters of 2 CTAs per row, 4 pack(s) per thread in registers + 0" in line(8192, 32000)
     grid, same_dtype_grid = line(64, 151936), line(64, 151936, out_dtype=None)
     assert "kernel grid_onepass" in grid and "(cooperative), 4 pack(s) per thread in registers" in grid, grid
     assert "(cooperative), 8 pack(s) per thread in registers" in same_dtype_grid, same_dtype_grid
     assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
-    # Few rows that break packs plan their longest body as a row, then run it peeled: the largest bucket too
-    # (with 4 packs that plan was refused, and the rows fell back to single elements).
+    # Few widening rows that break packs plan their longest body as a row, then run it peeled: the largest bucket
+    # too (with 4 packs that plan was refused, and the rows fell back to single elements).
     few_peeled = line(64, 151935)
     assert "8 element(s) per access" in few_peeled and "8 pack(s) per thread" in few_peeled, few_peeled
     assert "peeled" in few_peeled, few_peeled

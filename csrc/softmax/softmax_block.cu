@@ -53,7 +53,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             if constexpr (kCanPeel) {
               return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, false, false, true>, args);
             } else {
-              return cudaErrorInvalidValue;  // never planned: see cache_shape
+              return cudaErrorInvalidValue;  // never planned: see cache_shape and peel_few_rows
             }
           }
           if (plan.lean) {

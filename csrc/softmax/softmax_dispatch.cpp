@@ -77,8 +77,8 @@ struct Heuristics {
   // (-11%), 4096 x 32000 -14 / -13%, 8192 x 16384 -13 / -11%, 2048 x 131072 -18 / -23%, 64 x 151936 (grid) 45 ->
   // 31 us (-31 / -33%). Call 9 (the plans whose cluster size changed with it, against session 26's,
   // *session27-c9-compare-vocab-and-peeled.txt*): 4096 x 151936 (clusters of 3, were 2) 1606 -> 1301 us, 512 x
-  // 151936 -26 / -28%, 100 x 262144 (4, were 3) -38%, 1024 x 262144 -24 / -27%. Peeled rows, and bodies planned to
-  // be run peeled (64 x 151935: 47 -> 35 us), have the largest bucket only.
+  // 151936 -26 / -28%, 100 x 262144 (4, were 3) -38%, 1024 x 262144 -24 / -27%. Peeled widening rows, and bodies
+  // planned to be run peeled (64 x 151935: 47 -> 35 us), have the largest bucket only.
   static constexpr int kWideningGroupRegPacks = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
@@ -173,9 +173,9 @@ struct Heuristics {
   // 16-bit rows ran this cluster too in session 33 (from 160 threads and 3 rows: 64 x 50257 fp16 18.3 -> 13.8 us)
   // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
   // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
-  // *session34-c1-tune-new-vs-cluster*; the other 7 within 1-8%).
-  // Not included: the backward (its float32 rows run peeled at fewer packs: peeled_spread_instance), widening
-  // forwards, float64 (not measured).
+  // *session34-c1-tune-new-vs-cluster*; the other 7 within 0-11%).
+  // Not included: the backward (its same-dtype float32 rows run peeled at fewer packs: peeled_spread_instance),
+  // widening forwards, float64 (not measured).
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
@@ -622,8 +622,9 @@ class Chooser {
 
   // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where a
   // peeled instance holds its register packs: the most (long rows), or any fewer for a same-dtype result of 16-bit rows
-  // and for the float32 backward (peeled_spread_instance); where it would stream (the grid group's streamed form has no
-  // peeled instance) or split, the peeled split_row. Shorter float32 forward and widening rows keep single elements (or
+  // and for the same-dtype float32 backward (peeled_spread_instance); where it would stream (the grid group's streamed
+  // form has no peeled instance) or split, the peeled split_row. Shorter rows of the other dtype pairs (the float32
+  // forward, widening forwards, float32 gradients of 16-bit inputs) keep single elements (the float32 forward: or
   // peeled_cluster_rows): the whole-pack rules spread them over more threads with fewer packs each (latency-bound),
   // which single elements do too.
   // H100, session 19 call 3 (single elements against the aligned neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431
