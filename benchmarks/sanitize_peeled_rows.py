@@ -26,7 +26,8 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # session 34): the 16-bit cases of those shapes (clusters and grid groups of 1, 2 and 4 packs), 3 x 100003 and 4 x
 # 65537 (clusters of 2 / 1 packs), 3 x 262143 (4 packs), 2 x 1048575 (a grid group of 2 packs); the backward at 1
 # pack: 1 x 4097, 8 x 50257 (clusters), 1 x 300007 (a grid group); the float32 backward at 1 and 2 packs: 8 x 16383,
-# 4 x 65537 (clusters), 8 x 50257 (a grid group).
+# 4 x 65537 (clusters), 8 x 50257 (a grid group); 16-bit rows with a float32 result (softmax(x, dtype=float32)) at 1,
+# 2 and 4 packs: 1 x 50257, 3 x 100003, 3 x 262143 (clusters), 2 x 1048575 (a grid group).
 SHAPES = ((17, 9), (17, 31), (17, 100), (17, 102), (17, 1023), (17, 4095), (3, 100003))
 AUTOMATIC_SHAPES = ((8192, 1023), (4096, 101), (4096, 100), (4096, 9), (4096, 30), (4096, 60), (140, 4095),
                     (140, 50257), (64, 151935), (3, 2_000_001), (64, 50257), (32, 50257), (8, 262143), (16, 100003),
@@ -56,6 +57,15 @@ def main() -> None:
                 assert torch.allclose(y.double(), torch.softmax(x64, -1), atol=2e-3, rtol=2e-2), (dtype, kernel, shape)
                 assert torch.allclose(log_y.double(), torch.log_softmax(x64, -1), atol=5e-2, rtol=2e-2), (
                     dtype, kernel, shape)
+                if dtype != torch.float32:  # a float32 result of 16-bit rows (the widening instances)
+                    with forced("softmax", kernel):
+                        wide = softmax_ops.softmax(x, -1, dtype=torch.float32)
+                        log_wide = softmax_ops.log_softmax(x, -1, dtype=torch.float32)
+                    assert torch.allclose(wide.double(), torch.softmax(x64, -1), atol=1e-5, rtol=1e-4), (
+                        dtype, kernel, shape)
+                    assert torch.allclose(log_wide.double(), torch.log_softmax(x64, -1), atol=1e-4, rtol=1e-4), (
+                        dtype, kernel, shape)
+                    checked += 2
                 grad = torch.randn_like(y)
                 with forced("softmax_backward", kernel):
                     dx = torch.ops.softmax_ops.softmax_backward(grad, y, -1, dtype)

@@ -576,6 +576,19 @@ def runs_peeled_spread(shape, dtype, op) -> bool:
 
 
 @pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 50257), (3, 100003), (1, 262143), (6, 151935), (24, 100003)])
+def test_few_16_bit_rows_with_a_float32_result_peeled_at_fewer_register_packs(shape, dtype, op):
+    """The widening instances of the same (1, 2, 4 packs; clusters and grid groups): special_rows in front."""
+    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=torch.float32)
+    line = next(line for line in text.splitlines() if "kernel " in line)
+    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
+    assert "rows peeled" in line and packs < max_block_reg_packs(dtype, False), text
+    out = check_forward(op, special_rows_in_front(shape, dtype), dtype=torch.float32)
+    assert out.dtype == torch.float32 and torch.isnan(out[0]).all()  # a NaN in the row
+
+
+@pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("shape,dtype", PEELED_SPREAD_CASES)
 def test_few_rows_peeled_at_fewer_register_packs(shape, dtype, op):
     """Forward with special_rows in front; the backward (same shape, so the same plan) on torch's output of

@@ -469,13 +469,11 @@ def test_peeled_warp_rows_get_lanes_for_their_packs_and_edge_slots(shape, dtype,
 
 @pytest.mark.parametrize("shape,dtype,op,kernel", [
     ((4, 16383), torch.float32, "softmax", "cluster_onepass"),  # few float32 rows: latency-bound, measured as is
-    ((4, 16383), torch.float16, "softmax", "cluster_onepass"),  # a widening result: no peeled instance of its packs
-    ((8, 16383), torch.float32, "softmax_backward", "grid_onepass"),  # float32 gradients of a float16 input: alike
+    ((8, 16383), torch.float32, "softmax_backward", "grid_onepass"),  # float32 gradients of a float16 input: no
+                                                                      # peeled instance below the most packs
 ])
 def test_other_rows_that_break_16_byte_packs_keep_single_elements(shape, dtype, op, kernel):
-    out_dtype = torch.float32 if dtype == torch.float16 else None
-    if op.endswith("backward"):
-        out_dtype = torch.float16
+    out_dtype = torch.float16 if op.endswith("backward") else None
     line = plan_line(shape, dtype, op, out_dtype)
     assert f"kernel {kernel}:" in line and "1 element(s) per access" in line and "peeled" not in line, line
 
@@ -570,16 +568,16 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel block_onepass" in line(8 * SM_COUNT - 1, 16384)
     assert "kernel block_onepass" in line(2048, 8192)
     # Cluster and grid groups cache widening rows in 4 register packs per thread (kWideningGroupRegPacks: their
-    # results are written in lane pairs, which spilled in the 8-pack instance); peeled widening rows keep the 8 packs
-    # of their only instance, a same-dtype result the 8 of the largest bucket.
+    # results are written in lane pairs, which spilled in the 8-pack instance); peeled widening rows that no few-rows
+    # plan spreads keep the 8 packs of the largest bucket, a same-dtype result the 8 of the largest bucket.
     # (How many CTAs a grid group gives each row depends on the device's occupancy answer.)
     assert "clusters of 2 CTAs per row, 4 pack(s) per thread in registers + 0" in line(8192, 32000)
     grid, same_dtype_grid = line(64, 151936), line(64, 151936, out_dtype=None)
     assert "kernel grid_onepass" in grid and "(cooperative), 4 pack(s) per thread in registers" in grid, grid
     assert "(cooperative), 8 pack(s) per thread in registers" in same_dtype_grid, same_dtype_grid
     assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
-    # Few widening rows that break packs plan their longest body as a row, then run it peeled: the largest bucket
-    # too (with 4 packs that plan was refused, and the rows fell back to single elements).
+    # Few widening rows that break packs plan their longest body as a row, then run it peeled: here (not spread) the
+    # largest bucket too (with 4 packs that plan was refused, and the rows fell back to single elements).
     few_peeled = line(64, 151935)
     assert "8 element(s) per access" in few_peeled and "8 pack(s) per thread" in few_peeled, few_peeled
     assert "peeled" in few_peeled, few_peeled
@@ -613,7 +611,7 @@ def test_explain_of_a_result_dtype_follows_the_launchers_casts():
                                                                   # 10.6 -> 11.2 us)
     ((8, 50257), torch.float32, "softmax_backward", None, False),  # the backward: peel_few_rows (session 34)
     ((64, 50256), torch.float32, "softmax", None, False),         # whole packs: the rules of whole packs
-    ((64, 50257), torch.float16, "softmax", torch.float32, False),  # widening: not measured
+    ((64, 50257), torch.float16, "softmax", torch.float32, False),  # widening: peel_few_rows (session 34)
     ((64, 50257), torch.float16, "softmax", None, False),         # 16-bit: peel_few_rows (session 34)
     ((3, 100003), torch.bfloat16, "softmax", None, False),
 ])
@@ -632,6 +630,21 @@ def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype,
         with softmax_ops.force_kernel("softmax", "cluster_onepass"):
             forced = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
         assert line in forced, (line, forced)  # the forced plan, as measured
+
+
+@pytest.mark.parametrize("shape,dtype,op,out_dtype", [
+    ((1, 50257), torch.float16, "softmax", torch.float32),   # widening: a cluster of 16 at 1 pack
+    ((24, 100003), torch.bfloat16, "log_softmax", torch.float32),  # clusters of 11 at 4 packs
+    ((6, 151935), torch.float16, "softmax", torch.float32),  # a grid group at 1 pack
+])
+def test_few_widening_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op, out_dtype):
+    """As below, for 16-bit rows with a float32 result (session 34 call 6)."""
+    rows, n = shape
+    aligned = plan_line((rows, n // vec16(dtype) * vec16(dtype)), dtype, op, out_dtype)
+    line = plan_line(shape, dtype, op, out_dtype)
+    assert line == aligned + ", rows peeled (aligned body in packs, edge elements singly)", (line, aligned)
+    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
+    assert packs < max_block_reg_packs(dtype, False), line
 
 
 @pytest.mark.parametrize("shape,dtype,op", [

@@ -474,7 +474,8 @@ __global__ void __launch_bounds__(kLean ? lean_cta_threads(PREG) : kBlockKernelM
   // Widening results in lane pairs (store_pack_where), but not from the largest register bucket: there the pairs
   // spilled 64-80 bytes (ptxas, nvcc 13.0) and vocabulary rows ran 6-14% slower than with plain stores (H100,
   // session 27 calls 2-4); the dispatcher caches widening groups in 4 packs (kWideningGroupRegPacks) instead.
-  // Peeled widening rows have that bucket only, and gained: 2048 x 50257 -9 / -24% (fp16 / bf16, call 4).
+  // Peeled widening rows have that bucket unless spread over fewer packs (peel_few_rows), and gained: 2048 x 50257
+  // -9 / -24% (fp16 / bf16, call 4).
   constexpr bool kPairStores = kLanePairStores<Out, VEC> && (kPeel || PREG < kMaxRegPacks<Op>);
   static_assert(PREG <= kMaxRegPacks<Op>, "register cache above the 64-register budget of 1024 threads");
   static_assert(!(kPeel && (kPrefetch || kStreamRest)), "peeled rows: the plain and lean instances only");

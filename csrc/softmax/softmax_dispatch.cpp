@@ -78,7 +78,7 @@ struct Heuristics {
   // 31 us (-31 / -33%). Call 9 (the plans whose cluster size changed with it, against session 26's,
   // *session27-c9-compare-vocab-and-peeled.txt*): 4096 x 151936 (clusters of 3, were 2) 1606 -> 1301 us, 512 x
   // 151936 -26 / -28%, 100 x 262144 (4, were 3) -38%, 1024 x 262144 -24 / -27%. Peeled widening rows, and bodies
-  // planned to be run peeled (64 x 151935: 47 -> 35 us), have the largest bucket only.
+  // planned to be run peeled (64 x 151935: 47 -> 35 us), keep the largest bucket unless peel_few_rows spreads them.
   static constexpr int kWideningGroupRegPacks = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
@@ -174,8 +174,8 @@ struct Heuristics {
   // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
   // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
   // *session34-c1-tune-new-vs-cluster*; the other 7 within 0-11%).
-  // Not included: the backward (its same-dtype float32 rows run peeled at fewer packs: peeled_spread_instance),
-  // widening forwards, float64 (not measured).
+  // Not included: the backward (its same-dtype float32 rows run peeled at fewer packs: peeled_spread_instance), and
+  // float64 (not measured).
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
@@ -621,12 +621,12 @@ class Chooser {
   }
 
   // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where a
-  // peeled instance holds its register packs: the most (long rows), or any fewer for a same-dtype result of 16-bit rows
-  // and for the same-dtype float32 backward (peeled_spread_instance); where it would stream (the grid group's streamed
-  // form has no peeled instance) or split, the peeled split_row. Shorter rows of the other dtype pairs (the float32
-  // forward, widening forwards, float32 gradients of 16-bit inputs) keep single elements (the float32 forward: or
-  // peeled_cluster_rows): the whole-pack rules spread them over more threads with fewer packs each (latency-bound),
-  // which single elements do too.
+  // peeled instance holds its register packs: the most (long rows), or any fewer for 16-bit forwards (a 16-bit or
+  // float32 result), the same-dtype 16-bit backward and the same-dtype float32 backward (peeled_spread_instance); where
+  // it would stream (the grid group's streamed form has no peeled instance) or split, the peeled split_row. Shorter
+  // rows of the other dtype pairs (the float32 forward, float32 gradients of 16-bit inputs) keep single elements (the
+  // float32 forward: or peeled_cluster_rows): the whole-pack rules spread them over more threads with fewer packs each
+  // (latency-bound), which single elements do too.
   // H100, session 19 call 3 (single elements against the aligned neighbour, xCopy, fp16 / fp32 softmax): 4 x 33554431
   // 0.34 / 0.37 vs 0.63 / 0.64 (split_row), 4 x 8388607 0.44 / 0.47 vs 0.68 / 0.68 (streamed grid group), 64 x 151935
   // 0.52 / 0.58 vs 0.76 / 0.79; 8 x 262143 0.72 / 0.80 vs 0.64 / 0.78. A/B of this rule (call 4, two interleaved runs,
@@ -646,6 +646,11 @@ class Chooser {
   // *session34-c2-compare-peeled-spread-fp32.txt*): softmax_backward 8 x 16383 8.5-8.7 -> 6.8-7.0, 1 x 50257 8.9-9.0 ->
   // 7.1-7.6, 24 x 32001 12.5 -> 10.1-10.2, 4 x 24577 -17%, 48 x 16385 -16%, 16 x 32001 -14%, 4 x 65537 -13%, 1 x 32001
   // -10%; within the spread: 8 x 65537 +5%, 1 x 300007 +4%.
+  // 16-bit forwards with a float32 result so spread, against single elements (session 34 call 6, same protocol, us,
+  // fp16 / bf16, softmax; *session34-c6-compare-peeled-spread-widening.txt*): 64 x 50257 18.8-19.4 -> 13.8-14.7, 24 x
+  // 100003 16.2-16.8 -> 12.5-13.5, 4 x 1048575 22.6-23.2 -> 17.8-18.8, 16 x 100003 -13 / -17%, 1 x 128257 -11 / -13%, 8
+  // x 262143 -8 / -11%, 32 x 50257 -19 / -4%, log_softmax alike; 3 x 262143 softmax +10 / +9% (log_softmax +4 / -2%),
+  // within the spread of that call's unchanged plans (3 x 100000 -6..+14%).
   std::optional<SoftmaxChoice> peel_few_rows() const {
     SoftmaxChoice choice = Chooser(request_, props_, RowView::kBody).choose_few_rows();
     if (!choice.error.empty()) return std::nullopt;
