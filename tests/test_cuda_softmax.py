@@ -577,26 +577,31 @@ def runs_peeled_spread(shape, dtype, op) -> bool:
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1, 50257), (3, 100003), (1, 262143), (6, 151935), (24, 100003)])
+@pytest.mark.parametrize("shape", [(1, 50257), (3, 100003), (1, 262143), (6, 151935), (24, 100003), (8, 262143),
+                                   (4, 1048575)])
 def test_few_16_bit_rows_with_a_float32_result_peeled_at_fewer_register_packs(shape, dtype, op):
-    """The widening instances of the same (1, 2, 4 packs; clusters and grid groups): special_rows in front."""
+    """The widening instances of the same (1, 2, 4 packs; clusters and grid groups): random rows, then
+    special_rows in front (few rows are all special: hence both)."""
     text = softmax_ops.explain(shape, dtype, op=op, out_dtype=torch.float32)
     line = next(line for line in text.splitlines() if "kernel " in line)
     packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
     assert "rows peeled" in line and packs < max_block_reg_packs(dtype, False), text
+    out = check_forward(op, make_input(shape, dtype, seed=4), dtype=torch.float32)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
     out = check_forward(op, special_rows_in_front(shape, dtype), dtype=torch.float32)
-    assert out.dtype == torch.float32 and torch.isnan(out[0]).all()  # a NaN in the row
+    assert torch.isnan(out[0]).all()  # a NaN in the row
 
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("shape,dtype", PEELED_SPREAD_CASES)
 def test_few_rows_peeled_at_fewer_register_packs(shape, dtype, op):
-    """Forward with special_rows in front; the backward (same shape, so the same plan) on torch's output of
-    random rows."""
+    """Forward on random rows, then with special_rows in front (few rows are all special: hence both); the
+    backward (same shape, so the same plan) on torch's output of random rows."""
     forward, backward = runs_peeled_spread(shape, dtype, op), runs_peeled_spread(shape, dtype, f"{op}_backward")
     assert forward or backward, softmax_ops.explain(shape, dtype, op=op)
     x = special_rows_in_front(shape, dtype)
     if forward:
+        assert torch.isfinite(check_forward(op, make_input(shape, dtype, seed=4))).all()
         out = check_forward(op, x)
         assert torch.isnan(out[0]).all()  # a NaN in the row
     if backward:

@@ -174,8 +174,8 @@ struct Heuristics {
   // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
   // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
   // *session34-c1-tune-new-vs-cluster*; the other 7 within 0-11%).
-  // Not included: the backward (its same-dtype float32 rows run peeled at fewer packs: peeled_spread_instance), and
-  // float64 (not measured).
+  // Not included: the backward and widening forwards (peel_few_rows runs their rows at fewer packs where
+  // peeled_spread_instance compiles them), float64 (not measured).
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
