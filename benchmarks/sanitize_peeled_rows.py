@@ -22,7 +22,7 @@ KERNELS = ("warp", "block_onepass", "cluster_onepass", "grid_onepass", "two_pass
 # 60 columns: 16-bit lanes holding 4 or 2 edge elements each (kWarpPeelMaxEdgesPerLane). Few float32 forward rows
 # in the peeled cluster of the peeled instances' packs (kPeeledClusterMinThreads, session 33; on 132 SMs): 32 x
 # 50257, 16 x 100003, 8 x 262143, 8 x 50257, 2 x 100003 and 1 x 50257 (64 x 50257 through peel_few_rows). Few 16-bit
-# rows at the register packs their aligned body's plan spreads them over, fewer than the most (peeled_spread_instance,
+# rows at the register packs their aligned body's plan spreads them over, fewer than the most (peeled_instance,
 # session 34): the 16-bit cases of those shapes (clusters and grid groups of 1, 2 and 4 packs), 3 x 100003 and 4 x
 # 65537 (clusters of 2 / 1 packs), 3 x 262143 (4 packs), 2 x 1048575 (a grid group of 2 packs); the backward at 1
 # pack: 1 x 4097, 8 x 50257 (clusters), 1 x 300007 (a grid group); the float32 backward at 1 and 2 packs: 8 x 16383,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import softmax_ops  # noqa: F401  (builds/loads the extension once for the whole session)
+import softmax_ops  # builds/loads the extension once for the whole session
 
 HAS_CUDA = torch.cuda.is_available()
 DEVICES = ["cpu", "cuda"] if HAS_CUDA else ["cpu"]
@@ -42,6 +42,17 @@ def max_block_reg_packs(dtype: torch.dtype, backward: bool) -> int:
     if backward:
         return 2 if narrow else 4
     return 8
+
+
+def plan_line(shape, dtype: torch.dtype, op: str = "softmax", out_dtype: torch.dtype | None = None) -> str:
+    """The "kernel ..." line of softmax_ops.explain: the plan the dispatcher makes."""
+    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
+    return next(line for line in text.splitlines() if line.strip().startswith("kernel "))
+
+
+def register_packs(line: str) -> int:
+    """Register packs per thread of a block / cluster / grid plan line (plan_line)."""
+    return int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
 
 
 def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool, smem_optin: int = HOPPER_SMEM_OPTIN) -> int:

@@ -20,6 +20,8 @@ from conftest import (
     HOPPER_SMEM_OPTIN,
     assert_within_2x_torch,
     max_block_reg_packs,
+    plan_line,
+    register_packs,
     vec16,
 )
 from conftest import block_capacity_packs as block_capacity_packs_for
@@ -556,7 +558,7 @@ def test_few_forward_rows_in_the_peeled_cluster(shape, dtype, op):
 
 
 # Few rows that break 16-byte packs run their aligned body's plan peeled, at whatever register packs it spreads them
-# over (peeled_spread_instance, session 34; the rule's cases are in test_dispatch_rules.py): each 16-bit forward
+# over (peeled_instance, session 34; the rule's cases are in test_dispatch_rules.py): each 16-bit forward
 # bucket below the most (1, 2, 4 packs), the 16-bit backward's (1) and the float32 backward's (1, 2), in clusters
 # and grid groups. (The float32 forward has no such instances: its cases check the backward only.)
 PEELED_SPREAD_SHAPES = [(4, 65537), (8, 50257), (3, 100003), (2, 1048575), (1, 262143), (64, 50257), (16, 65537),
@@ -568,11 +570,10 @@ PEELED_SPREAD_CASES = [(shape, dtype) for dtype in (torch.float16, torch.bfloat1
 PEELED_SPREAD_CASES += [(shape, torch.float32) for shape in FLOAT32_PEELED_SPREAD_SHAPES]
 
 
-def runs_peeled_spread(shape, dtype, op) -> bool:
+def runs_peeled_spread(shape, dtype, op, out_dtype=None) -> bool:
     """Whether `op` runs `shape` peeled at fewer register packs than its peeled instances' most."""
-    line = next(line for line in softmax_ops.explain(shape, dtype, op=op).splitlines() if "kernel " in line)
-    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    return "rows peeled" in line and packs < max_block_reg_packs(dtype, op.endswith("backward"))
+    line = plan_line(shape, dtype, op, out_dtype)
+    return "rows peeled" in line and register_packs(line) < max_block_reg_packs(dtype, op.endswith("backward"))
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -582,10 +583,7 @@ def runs_peeled_spread(shape, dtype, op) -> bool:
 def test_few_16_bit_rows_with_a_float32_result_peeled_at_fewer_register_packs(shape, dtype, op):
     """The widening instances of the same (1, 2, 4 packs; clusters and grid groups): random rows, then
     special_rows in front (few rows are all special: hence both)."""
-    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=torch.float32)
-    line = next(line for line in text.splitlines() if "kernel " in line)
-    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    assert "rows peeled" in line and packs < max_block_reg_packs(dtype, False), text
+    assert runs_peeled_spread(shape, dtype, op, torch.float32), plan_line(shape, dtype, op, torch.float32)
     out = check_forward(op, make_input(shape, dtype, seed=4), dtype=torch.float32)
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
     out = check_forward(op, special_rows_in_front(shape, dtype), dtype=torch.float32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import block_capacity_packs, max_block_reg_packs, vec16
+from conftest import block_capacity_packs, max_block_reg_packs, plan_line, register_packs, vec16
 
 import softmax_ops
 
@@ -21,11 +21,6 @@ pytestmark = [
     pytest.mark.skipif(not CUDA_BUILT, reason="the CUDA kernels (and their dispatcher) were not compiled"),
     pytest.mark.skipif(SM_COUNT != 132, reason=f"rules asserted for 132-SM Hopper GPUs, this one has {SM_COUNT}"),
 ]
-
-
-def plan_line(shape, dtype, op="softmax", out_dtype=None) -> str:
-    text = softmax_ops.explain(shape, dtype, op=op, out_dtype=out_dtype)
-    return next(line for line in text.splitlines() if line.strip().startswith("kernel "))
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "softmax_backward"])
@@ -633,45 +628,34 @@ def test_few_forward_rows_that_break_packs_take_the_peeled_cluster(shape, dtype,
 
 
 @pytest.mark.parametrize("shape,dtype,op,out_dtype", [
-    ((1, 50257), torch.float16, "softmax", torch.float32),   # widening: a cluster of 16 at 1 pack
+    ((3, 100003), torch.float16, "softmax", None),                # a cluster of 16, 2 packs per thread
+    ((4, 65537), torch.bfloat16, "log_softmax", None),            # 1 pack
+    ((1, 262143), torch.bfloat16, "softmax", None),               # 4 packs
+    ((64, 50257), torch.float16, "softmax", None),                # clusters of 4 at 4 packs
+    ((2, 1048575), torch.float16, "softmax", None),               # a grid group of 2 packs
+    ((8, 50257), torch.float16, "softmax_backward", None),        # the backward at 1 pack (its most is 2)
+    ((1, 300007), torch.bfloat16, "log_softmax_backward", None),  # a grid group at 1 pack
+    ((8, 16383), torch.float32, "softmax_backward", None),        # float32 backward: 1 pack (its most is 4)
+    ((4, 65537), torch.float32, "log_softmax_backward", None),    # 2 packs
+    ((8, 50257), torch.float32, "softmax_backward", None),        # a grid group
+    ((1, 50257), torch.float16, "softmax", torch.float32),        # a float32 result: a cluster of 16 at 1 pack
     ((24, 100003), torch.bfloat16, "log_softmax", torch.float32),  # clusters at 4 packs
-    ((6, 151935), torch.float16, "softmax", torch.float32),  # a grid group at 1 pack
+    ((6, 151935), torch.float16, "softmax", torch.float32),       # a grid group at 1 pack
 ])
-def test_few_widening_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op, out_dtype):
-    """As below, for 16-bit rows with a float32 result (session 34 call 6)."""
+def test_few_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op, out_dtype):
+    """softmax_dispatch.cpp, peel_few_rows with peeled_instance: few 16-bit rows (with a 16-bit or float32
+    result) and few float32 backward rows that break 16-byte packs run the plan of their aligned body (here the
+    aligned row of the same packs), peeled, at whatever register packs that plan spreads them over; before session
+    34 only the most packs had a peeled instance, and these rows read single elements or ran an 8-pack peeled
+    cluster (H100, session 34 calls 1, 2 and 6: 3 x 100003 fp16 softmax 9.2 -> 8.3-8.8 us, 1 x 262143 bf16 11.2 ->
+    8.6-9.1, 16 x 65537 softmax_backward -22%, float32 8 x 16383 softmax_backward 8.5-8.7 -> 6.8-7.0, 64 x 50257
+    fp16 softmax to float32 18.8-19.4 -> 13.8-14.7)."""
     rows, n = shape
     aligned = plan_line((rows, n // vec16(dtype) * vec16(dtype)), dtype, op, out_dtype)
     line = plan_line(shape, dtype, op, out_dtype)
     assert line == aligned + ", rows peeled (aligned body in packs, edge elements singly)", (line, aligned)
-    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    assert packs < max_block_reg_packs(dtype, False), line
-
-
-@pytest.mark.parametrize("shape,dtype,op", [
-    ((3, 100003), torch.float16, "softmax"),                 # a cluster of 16, 2 packs per thread
-    ((4, 65537), torch.bfloat16, "log_softmax"),             # 1 pack
-    ((1, 262143), torch.bfloat16, "softmax"),                # 4 packs
-    ((64, 50257), torch.float16, "softmax"),                 # clusters of 4 at 4 packs
-    ((2, 1048575), torch.float16, "softmax"),                # a grid group of 2 packs
-    ((8, 50257), torch.float16, "softmax_backward"),         # the backward at 1 pack (its most is 2)
-    ((1, 300007), torch.bfloat16, "log_softmax_backward"),   # a grid group at 1 pack
-    ((8, 16383), torch.float32, "softmax_backward"),         # float32 backward: 1 pack (its most is 4)
-    ((4, 65537), torch.float32, "log_softmax_backward"),     # 2 packs
-    ((8, 50257), torch.float32, "softmax_backward"),         # a grid group
-])
-def test_few_rows_that_break_packs_run_their_aligned_bodys_plan_peeled(shape, dtype, op):
-    """softmax_dispatch.cpp, peel_few_rows with peeled_spread_instance: few 16-bit rows with a 16-bit result, and
-    few float32 backward rows, that break 16-byte packs run the plan of their aligned body (here the aligned row of
-    the same packs), peeled, at whatever register packs that plan spreads them over; before session 34 only the
-    most packs had a peeled instance, and these rows read single elements or ran an 8-pack peeled cluster (H100,
-    session 34 calls 1-2: 3 x 100003 fp16 softmax 9.2 -> 8.3-8.8 us, 1 x 262143 bf16 11.2 -> 8.6-9.1, 16 x 65537
-    softmax_backward -22%, float32 8 x 16383 softmax_backward 8.5-8.7 -> 6.8-7.0)."""
-    rows, n = shape
-    aligned = plan_line((rows, n // vec16(dtype) * vec16(dtype)), dtype, op)
-    line = plan_line(shape, dtype, op)
-    assert line == aligned + ", rows peeled (aligned body in packs, edge elements singly)", (line, aligned)
-    packs = int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
-    assert packs < max_block_reg_packs(dtype, op.endswith("backward")), line  # fewer than the most: the new instances
+    # fewer than the most: the new instances
+    assert register_packs(line) < max_block_reg_packs(dtype, op.endswith("backward")), line
 
 
 @pytest.mark.parametrize("shape", [(8, 65537), (16, 100003), (4, 24577)])

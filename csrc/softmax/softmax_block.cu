@@ -35,11 +35,9 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         constexpr bool kCanLean = kVec > 1 && (kRegPacks == lean_reg_packs(kInBytes, kBackward, false) ||
                                                kRegPacks == lean_reg_packs(kInBytes, kBackward, true));
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
-        // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_spread_instance).
+        // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_instance).
         constexpr bool kCanPeel =
-            kVec > 1 && (kRegPacks == kMaxRegPacks<Op> ||
-                         peeled_spread_instance(kDTypeOf<typename Op::In>, kDTypeOf<typename Op::Out>, kBackward,
-                                                kRegPacks));
+            kVec > 1 && peeled_instance(kDTypeOf<typename Op::In>, kDTypeOf<typename Op::Out>, kBackward, kRegPacks);
         if constexpr (kRegPacks <= kMaxRegPacks<Op> && (kVec > 1 || kRegPacks == kMaxRegPacks<Op>)) {
           if (plan.peel) {
             if (plan.stream_rest || plan.prefetch) return cudaErrorInvalidValue;  // never planned

@@ -171,11 +171,11 @@ struct Heuristics {
   // *session33-c9-compare-fp32-one-two-rows.txt*): softmax 1 x 128257 9.6 -> 7.8, 1 x 100003 8.6 -> 7.8, 2 x 114687
   // 9.2 -> 7.9, 2 x 50257 8.6 -> 7.6, 2 x 65537 8.1 -> 8.2, the other five -2..-9%; log_softmax -3..-29% on all ten.
   // 16-bit rows ran this cluster too in session 33 (from 160 threads and 3 rows: 64 x 50257 fp16 18.3 -> 13.8 us)
-  // until their peeled instances below the most packs (peeled_spread_instance, session 34) let peel_few_rows run
+  // until their peeled instances below the most packs (peeled_instance, session 34) let peel_few_rows run
   // their aligned body's own plan, which beat this cluster on 81 of 88 16-bit softmax cases (forced, same call;
   // *session34-c1-tune-new-vs-cluster*; the other 7 within 0-11%).
   // Not included: the backward and widening forwards (peel_few_rows runs their rows at fewer packs where
-  // peeled_spread_instance compiles them), float64 (not measured).
+  // peeled_instance compiles them), float64 (not measured).
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
@@ -622,7 +622,7 @@ class Chooser {
 
   // Few rows that break 16-byte packs: the plan the rules make for their longest aligned body, run peeled, where a
   // peeled instance holds its register packs: the most (long rows), or any fewer for 16-bit forwards (a 16-bit or
-  // float32 result), the same-dtype 16-bit backward and the same-dtype float32 backward (peeled_spread_instance); where
+  // float32 result), the same-dtype 16-bit backward and the same-dtype float32 backward (peeled_instance); where
   // it would stream (the grid group's streamed form has no peeled instance) or split, the peeled split_row. Shorter
   // rows of the other dtype pairs (the float32 forward, float32 gradients of 16-bit inputs) keep single elements (the
   // float32 forward: or peeled_cluster_rows): the whole-pack rules spread them over more threads with fewer packs each
@@ -662,9 +662,8 @@ class Chooser {
     }
     const bool one_pass = plan.kernel == SoftmaxKernel::kBlockOnePass || plan.kernel == SoftmaxKernel::kClusterOnePass ||
                           plan.kernel == SoftmaxKernel::kGridOnePass;
-    const bool compiled_peeled = plan.reg_packs == g_.max_reg_packs ||
-                                 peeled_spread_instance(p_.in_dtype, p_.out_dtype, p_.backward, plan.reg_packs);
-    if (!one_pass || plan.lean || plan.prefetch || !compiled_peeled) return std::nullopt;
+    const bool compiled = peeled_instance(p_.in_dtype, p_.out_dtype, p_.backward, plan.reg_packs);
+    if (!one_pass || plan.lean || plan.prefetch || !compiled) return std::nullopt;
     choice.plan.peel = true;
     return choice;
   }

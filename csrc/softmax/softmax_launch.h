@@ -139,16 +139,17 @@ constexpr int max_block_reg_packs(DType in_dtype, bool backward) {
   return 8;
 }
 
-// Peeled instances below the most register packs: 16-bit rows with a 16-bit result (forward 1, 2 and 4 packs,
-// backward 1), 16-bit forwards with a float32 result (1, 2 and 4) and the float32 backward (1 and 2). Few such rows
-// spread over more threads with fewer packs each (cache_shape's spread, the plan of their aligned body), which
-// peel_few_rows then runs peeled; before these instances it could peel only the largest bucket, and such rows read
-// single elements (H100: 3 x 100003 fp16 softmax at 0.55 of copy in session 33's sweep, its aligned neighbour 3 x
-// 100000 at 0.70 in session 34 call 1). The float32 forward has none: spread, it lost to its peeled cluster of 8 packs
-// (peeled_cluster_rows) on 8 of 16 shapes by 6-23% and was even on the rest (8 x 65537 8.6-9.3 -> 10.9-11.0 us, 16 x
-// 100003 +11%; H100, session 34 call 2, *session34-c2-compare-peeled-spread-fp32.txt*). softmax_block.cu compiles
-// exactly these.
-constexpr bool peeled_spread_instance(DType in_dtype, DType out_dtype, bool backward, int reg_packs) {
+// Which peeled instances (plan.peel) of the block kernel exist: the most register packs for every dtype pair, and below
+// the most: 16-bit rows with a 16-bit result (forward 1, 2 and 4 packs, backward 1), 16-bit forwards with a float32
+// result (1, 2 and 4) and the float32 backward (1 and 2). Few such rows spread over more threads with fewer packs each
+// (cache_shape's spread, the plan of their aligned body), which peel_few_rows then runs peeled; before these instances
+// it could peel only the largest bucket, and such rows read single elements (H100: 3 x 100003 fp16 softmax at 0.55 of
+// copy in session 33's sweep, its aligned neighbour 3 x 100000 at 0.70 in session 34 call 1). The float32 forward has
+// none: spread, it lost to its peeled cluster of 8 packs (peeled_cluster_rows) on 8 of 16 shapes by 6-23% and was even
+// on the rest (8 x 65537 8.6-9.3 -> 10.9-11.0 us, 16 x 100003 +11%; H100, session 34 call 2,
+// *session34-c2-compare-peeled-spread-fp32.txt*). softmax_block.cu compiles exactly these.
+constexpr bool peeled_instance(DType in_dtype, DType out_dtype, bool backward, int reg_packs) {
+  if (reg_packs == max_block_reg_packs(in_dtype, backward)) return true;
   const bool narrow = in_dtype == DType::kFloat16 || in_dtype == DType::kBFloat16;
   const bool narrow_forward = narrow && !backward && (out_dtype == in_dtype || out_dtype == DType::kFloat32);
   const bool narrow_backward = narrow && backward && out_dtype == in_dtype;
