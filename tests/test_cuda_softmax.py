@@ -851,9 +851,9 @@ def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
 
 # The backward ops' lean instance (lean_backward_rows: the same CTA shape, 2 packs of each stream per thread):
 # every size above, both 16-bit dtypes, softmax_backward and log_softmax_backward.
-# float32 streams take it for 256..1024 packs of 4 (1024-4096 columns).
+# float32 streams take it for 192..1024 packs of 4 (768-4096 columns; below 256 packs since session 35).
 LEAN_BACKWARD_CASES = [(dtype, n) for dtype in (torch.float16, torch.bfloat16) for n in LEAN_SIZES] + [
-    (torch.float32, n) for n in (1024, 1028, 2048, 3000, 4092, 4096)]
+    (torch.float32, n) for n in (768, 772, 1000, 1024, 1028, 2048, 3000, 4092, 4096)]
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -861,6 +861,16 @@ LEAN_BACKWARD_CASES = [(dtype, n) for dtype in (torch.float16, torch.bfloat16) f
 def test_automatic_lean_block_rows_backward(n, dtype, op):
     x = make_input((lean_rows(), n), dtype, seed=n)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
+    check_backward(op, x, -1, None)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("shape", [(128, 1024), (8, 1000), (1, 768), (1, 2044)])
+def test_few_float32_backward_rows_take_the_lean_instance(shape, op):
+    """Fewer float32 rows than SMs, each under the few-rows split size (16 KB of two streams): a CTA per row in the
+    lean instance (lean_rows, session 35), up to 511 packs (256 threads, the last pack's threads padding)."""
+    x = make_input(shape, torch.float32, seed=shape[0] + shape[1])
+    assert "lean instance" in softmax_ops.explain(shape, torch.float32, op=f"{op}_backward")
     check_backward(op, x, -1, None)
 
 
@@ -887,10 +897,12 @@ def test_lean_block_rows_backward_grid_stride(shape, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("dtype,n", [(torch.float16, 4104), (torch.bfloat16, 4104), (torch.float32, 2052)])
+@pytest.mark.parametrize("dtype,n", [(torch.float16, 4104), (torch.bfloat16, 4104), (torch.float32, 2052),
+                                     (torch.float32, 772)])
 def test_lean_block_rows_backward_special_values(dtype, n, op):
     """The special rows' forward outputs (NaN rows, exact zeros, -inf for log_softmax) as the backward's
-    output stream, through the lean instance; n = 513 packs leaves the last pack's threads padding."""
+    output stream, through the lean instance; n = 513 packs (float32 772: 193) leaves the last pack's threads
+    padding."""
     rows = special_rows(n, dtype)
     x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")

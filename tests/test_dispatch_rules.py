@@ -119,6 +119,27 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
         assert "kernel block_onepass" in line and "2 pack(s) per thread" in line, line
 
 
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape,input_dtype,lean", [
+    ((1000, 1000), None, True),            # 250 packs: under the other lean rows' 256
+    ((256, 768), None, True),              # 192 packs, the shortest measured faster
+    ((256, 764), None, False),             # 191 packs
+    ((4096, 512), None, False),            # 128 packs: not faster (session 35 call 1)
+    ((128, 1024), None, True),             # fewer rows than SMs, a row (8 KB of two streams) too small to split
+    ((1, 2044), None, True),               # 511 packs: 16352 bytes of two streams, still one CTA per row
+    ((4, 2048), None, False),              # 16 KB of two streams: few rows split over a cluster
+    ((1000, 1001), None, False),           # peeled rows keep their plan
+    ((1000, 1000), torch.float16, False),  # float32 gradients of a 16-bit input keep theirs
+])
+def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(shape, input_dtype, lean, op):
+    line = plan_line(shape, torch.float32, op, input_dtype)
+    assert ("lean instance" in line) == lean, line
+    if lean:
+        threads = -(-shape[1] // 4 // 2 // 32) * 32  # 2 packs of 4 per thread, whole warps
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
+        assert "2 pack(s) per thread" in line, line
+
+
 @pytest.mark.parametrize("shape,dtype,kernel,packs", [
     ((128, 2048), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
     ((128, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster

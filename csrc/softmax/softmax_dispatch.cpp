@@ -115,6 +115,19 @@ struct Heuristics {
   // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
+  // Same-dtype float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
+  // also in fewer rows than SMs while a row is too small to split (kFewRowsSplitMinRowBytes: a CTA per row either
+  // way), where the 64-register instance held 4 packs of each stream per thread in CTAs of half the threads.
+  // H100, session 35 call 1 (three rounds in turns, us, that plan -> lean; the experiment's switch
+  // SOFTMAX_OPS_EXP_BW_SPREAD=l2, *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward /
+  // log_softmax_backward: 1000 x 1000 (250 packs) 10.4-11.0 / 10.6-11.3 -> 9.4-9.5 / 9.7-10.4, 128 x 1024 (a row
+  // per SM) 6.2-6.6 / 6.5-7.1 -> 5.8-6.6 / 5.9, 256 x 768 (192 packs) 6.6-6.8 / 6.8-7.6 -> 6.1-6.9 / 6.3. Shorter
+  // rows, which the warp kernel takes, did not gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs)
+  // +1.1 / +0.9%. Fewer rows than 128 run the same way: at 128 rows each SM already held a single CTA (a row), as
+  // it does with fewer (not measured separately); few rows of 257-511 packs follow the many-rows measurements of
+  // the lean backward (session 7, float32 rows of 256-1024 packs). Float32 gradients of 16-bit inputs and peeled
+  // rows were not measured and keep their plans.
+  static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -845,7 +858,9 @@ class Chooser {
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
-    if (g_.rows < props_.sm_count) return std::nullopt;
+    const bool float_backward = p_.backward && g_.in_bytes == 4 && p_.out_dtype == p_.in_dtype && !g_.peel;
+    const bool unsplit_float_backward = float_backward && g_.row_bytes < Heuristics::kFewRowsSplitMinRowBytes;
+    if (g_.rows < props_.sm_count && !unsplit_float_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
     // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
@@ -860,14 +875,18 @@ class Chooser {
     const int reg_packs = lean_reg_packs(g_.in_bytes, p_.backward, wide);
     if (reg_packs == 0) return std::nullopt;
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const int64_t min_packs = float_forward ? Heuristics::kLeanFloatMinPacks : Heuristics::kLeanMinPacks;
+    const int64_t min_packs = float_forward    ? Heuristics::kLeanFloatMinPacks
+                              : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
+                                               : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const std::string shape = "many rows of " + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a " +
-                              "CTA per row, " + std::to_string(reg_packs) + " packs per thread";
+    const std::string rows = g_.rows < props_.sm_count ? "fewer rows than SMs, each too small to split, of "
+                                                        : "many rows of ";
+    const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
+                              std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
       return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured " +
                           "faster than the 64-register instance)");
