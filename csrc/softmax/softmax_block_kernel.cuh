@@ -382,10 +382,11 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 }
 
 // kLean for the backward ops (softmax_backward and log_softmax_backward of many rows of 256-1024 packs, 16-
-// or 32-bit; the forward's CTA shape: a CTA per row, kLeanRegPacks packs of each stream per thread): the same
-// accumulate / finalize / apply as every other instance, without the cluster, grid-group and shared-memory
-// machinery, so it fits 32 registers and up to 2048 threads per SM: for 16-bit streams twice the loads in
-// flight of the 64-register instance (4 CTAs of 256 threads per SM on 4096 columns); see lean_rows.
+// or 32-bit, and of same-dtype float32 rows from 192 packs, also fewer than SMs: see lean_rows; the forward's CTA
+// shape: a CTA per row, kLeanRegPacks packs of each stream per thread): the same accumulate / finalize / apply as
+// every other instance, without the cluster, grid-group and shared-memory machinery, so it fits 32 registers and
+// up to 2048 threads per SM: for 16-bit streams twice the loads in flight of the 64-register instance (4 CTAs of
+// 256 threads per SM on 4096 columns); see lean_rows.
 // kPeel: rows read as an aligned body of packs plus single edge elements, one per thread (RowEdges). The edges
 // live only where they are used: folded into the thread's sum as soon as they land, and read again (L1) for their
 // results after the row's reduction (kept live across it at 32 registers, the 16-bit instances spilled 56-76 bytes

@@ -117,16 +117,17 @@ struct Heuristics {
   static constexpr int64_t kLeanFloatMinPacks = 256;
   // Same-dtype float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
   // also in fewer rows than SMs while a row is too small to split (kFewRowsSplitMinRowBytes: a CTA per row either
-  // way), where the 64-register instance held 4 packs of each stream per thread in CTAs of half the threads.
-  // H100, session 35 call 1 (three rounds in turns, us, that plan -> lean; the experiment's switch
-  // SOFTMAX_OPS_EXP_BW_SPREAD=l2, *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward /
-  // log_softmax_backward: 1000 x 1000 (250 packs) 10.4-11.0 / 10.6-11.3 -> 9.4-9.5 / 9.7-10.4, 128 x 1024 (a row
-  // per SM) 6.2-6.6 / 6.5-7.1 -> 5.8-6.6 / 5.9, 256 x 768 (192 packs) 6.6-6.8 / 6.8-7.6 -> 6.1-6.9 / 6.3. Shorter
-  // rows, which the warp kernel takes, did not gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs)
-  // +1.1 / +0.9%. Fewer rows than 128 run the same way: at 128 rows each SM already held a single CTA (a row), as
-  // it does with fewer (not measured separately); few rows of 257-511 packs follow the many-rows measurements of
-  // the lean backward (session 7, float32 rows of 256-1024 packs). Float32 gradients of 16-bit inputs and peeled
-  // rows were not measured and keep their plans.
+  // way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer threads (64
+  // against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
+  // that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
+  // *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward / log_softmax_backward: 1000 x 1000 (250
+  // packs) 10.4-11.0 / 10.6-11.3 -> 9.4-9.5 / 9.7-10.4, 128 x 1024 (a row per SM) 6.2-6.6 / 6.5-7.1 -> 5.8-6.6 / 5.9,
+  // 256 x 768 (192 packs) 6.6-6.8 / 6.8-7.6 -> 6.1-6.9 / 6.3: faster on 4 of 6, even on 2, slower on none, where
+  // cells of unchanged plans in the same call moved -2.3..+6.7%. Shorter rows, which the warp kernel takes, did not
+  // gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs) +1.1 / +0.9%. Not measured, extrapolated:
+  // fewer rows than 128 (at 128 rows each SM already held a single CTA, a row, as it does with fewer) and few rows
+  // of 257-511 packs (as the many-rows measurements of the lean backward, session 7: float32 rows of 256-1024
+  // packs). Float32 gradients of 16-bit inputs and peeled rows were not measured and keep their plans.
   static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
@@ -888,8 +889,10 @@ class Chooser {
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
                               std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
-      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured " +
-                          "faster than the 64-register instance)");
+      const std::string measured = g_.rows < props_.sm_count ? "measured faster than the 64-register instance on "
+                                                               "128 rows of 1024 columns"
+                                                             : "measured faster than the 64-register instance";
+      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (" + measured + ")");
     }
     return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
