@@ -127,7 +127,8 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
     ((4096, 512), None, False),            # 128 packs: not faster (session 35 call 1)
     ((128, 1024), None, True),             # fewer rows than SMs, a row (8 KB, two streams) too small to split
     ((8, 764), None, False),               # few rows, 191 packs
-    ((1, 2044), None, True),               # 511 packs: 16352 bytes of two streams, still one CTA per row
+    ((1, 1024), None, True),               # 256 packs, one row
+    ((1, 1028), None, False),              # 257 packs: few rows of more than 8 KB were not measured
     ((4, 2048), None, False),              # 16 KB of two streams: few rows split over a cluster
     ((1000, 1001), None, False),           # peeled rows keep their plan
     ((1000, 1000), torch.float16, False),  # float32 gradients of a 16-bit input keep theirs

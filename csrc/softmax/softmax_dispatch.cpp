@@ -116,8 +116,8 @@ struct Heuristics {
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
   // Same-dtype float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
-  // also in fewer rows than SMs while a row is too small to split (kFewRowsSplitMinRowBytes: a CTA per row either
-  // way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer threads (64
+  // also in fewer rows than SMs of up to kLeanFloatBackwardFewRowsMaxBytes (under kFewRowsSplitMinRowBytes: a CTA
+  // per row either way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer threads (64
   // against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
   // that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
   // *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward / log_softmax_backward: 1000 x 1000 (250
@@ -125,10 +125,11 @@ struct Heuristics {
   // 256 x 768 (192 packs) 6.6-6.8 / 6.8-7.6 -> 6.1-6.9 / 6.3: faster on 4 of 6, even on 2, slower on none, where
   // cells of unchanged plans in the same call moved -2.3..+6.7%. Shorter rows, which the warp kernel takes, did not
   // gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs) +1.1 / +0.9%. Not measured, extrapolated:
-  // fewer rows than 128 (at 128 rows each SM already held a single CTA, a row, as it does with fewer) and few rows
-  // of 257-511 packs (as the many-rows measurements of the lean backward, session 7: float32 rows of 256-1024
-  // packs). Float32 gradients of 16-bit inputs and peeled rows were not measured and keep their plans.
+  // fewer rows than 128 (at 128 rows each SM already held a single CTA, a row, as it does with fewer). Few rows of
+  // more than 256 packs (up to the 16 KB split size) were not measured and keep one CTA per row of the 64-register
+  // instance, as do float32 gradients of 16-bit inputs and peeled rows.
   static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
+  static constexpr int64_t kLeanFloatBackwardFewRowsMaxBytes = 8 * 1024;  // 1024 float32 columns, two streams
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -860,7 +861,7 @@ class Chooser {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && p_.out_dtype == p_.in_dtype && !g_.peel;
-    const bool unsplit_float_backward = float_backward && g_.row_bytes < Heuristics::kFewRowsSplitMinRowBytes;
+    const bool unsplit_float_backward = float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes;
     if (g_.rows < props_.sm_count && !unsplit_float_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
