@@ -861,8 +861,10 @@ class Chooser {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && p_.out_dtype == p_.in_dtype && !g_.peel;
-    const bool unsplit_float_backward = float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes;
-    if (g_.rows < props_.sm_count && !unsplit_float_backward) return std::nullopt;
+    const bool few_rows = g_.rows < props_.sm_count;
+    if (few_rows && !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
+      return std::nullopt;
+    }
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
     // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
@@ -885,15 +887,12 @@ class Chooser {
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const std::string rows = g_.rows < props_.sm_count ? "fewer rows than SMs, each too small to split, of "
-                                                        : "many rows of ";
+    const std::string rows = few_rows ? "fewer rows than SMs, each too small to split, of " : "many rows of ";
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
                               std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
-      const std::string measured = g_.rows < props_.sm_count ? "measured faster than the 64-register instance on "
-                                                               "128 rows of 1024 columns"
-                                                             : "measured faster than the 64-register instance";
-      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (" + measured + ")");
+      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured faster than " +
+                          "the 64-register instance" + (few_rows ? " on 128 rows of 1024 columns)" : ")"));
     }
     return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
