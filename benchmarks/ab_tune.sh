@@ -12,10 +12,10 @@
 # OUT_DIR.tar.gz too: the device tool returns only a few files per call.
 #
 # The base tree and the working tree are built at once, each with its own
-# SOFTMAX_OPS_CACHE. Then the working tree's tune script (TUNE, default tune_topk.py; tune_softmax.py works the
+# SOFTMAX_OPS_CACHE (the working tree's is NEW_CACHE when set, so that later commands of the call reuse its build). Then the working tree's tune script (TUNE, default tune_topk.py; tune_softmax.py works the
 # same way), so that both sides are measured by the same code, runs on base and new in turns, RUNS times each
 # (default 2): OUT_DIR/{base,new}<i>.{json,txt}. compare_bench.py's per-case comparison of all runs ends up in
-# OUT_DIR/compare.txt and on stdout. Small shapes move by ~10% between runs of the same code: read the runs,
+# OUT_DIR/compare.txt and on stdout (COMPARE_ARGS, e.g. --time, are passed to it). Small shapes move by ~10% between runs of the same code: read the runs,
 # not only the mean change.
 set -uo pipefail
 if [ $# -lt 2 ]; then
@@ -39,9 +39,10 @@ fi
 
 # side NAME TREE COMMAND...: COMMAND in TREE with that tree's package and build cache.
 side() {
-  local name=$1 tree=$2
+  local name=$1 tree=$2 cache=$work/cache-$1
   shift 2
-  (cd "$tree" && SOFTMAX_OPS_CACHE="$work/cache-$name" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$@")
+  [ "$name" = new ] && cache=${NEW_CACHE:-$cache}
+  (cd "$tree" && SOFTMAX_OPS_CACHE="$cache" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$@")
 }
 
 echo "ab_tune: building $base_rev and the working tree"
@@ -69,4 +70,4 @@ if [ -z "$(list base)" ] || [ -z "$(list new)" ]; then
   echo "ab_tune: no comparison (a side has no successful run)" | tee "$out/compare.txt"
   exit 1
 fi
-python3 "$repo/benchmarks/compare_bench.py" --base "$(list base)" --new "$(list new)" | tee "$out/compare.txt"
+python3 "$repo/benchmarks/compare_bench.py" ${COMPARE_ARGS:-} --base "$(list base)" --new "$(list new)" | tee "$out/compare.txt"
