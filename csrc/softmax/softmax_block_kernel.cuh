@@ -421,7 +421,7 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
       const int k = p * threads + tid;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        cache[s][p] = k < n_packs ? load_vec<In, VEC>(args.in[s] + row_offset + k * VEC) : filled_pack<In, VEC>(Op::pad(s));
+        cache[s][p] = load_vec_or<In, VEC>(k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s));
       }
     }
     Acc acc = Op::identity();
@@ -443,15 +443,17 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
       load_edge(args, row * args.n, edges, tid, edge);
       store_edge(args, row * args.n, edges, tid, row_consts, edge);
     }
+    with_fixed_mode(op, [&](const auto& fixed) {  // one formula per element, not both
 #pragma unroll
-    for (int p = 0; p < PREG; ++p) {
-      const int k = p * threads + tid;
-      if (k < n_packs) {
-        Pack<Out, VEC> result;
-        visit_elements<C>(cache, p, [&](const C* v, int j) { result.v[j] = op.apply(row_consts, v); });
-        store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+      for (int p = 0; p < PREG; ++p) {
+        const int k = p * threads + tid;
+        if (k < n_packs) {
+          Pack<Out, VEC> result;
+          visit_elements<C>(cache, p, [&](const C* v, int j) { result.v[j] = fixed.apply(row_consts, v); });
+          store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
+        }
       }
-    }
+    });
   }
 }
 

@@ -53,6 +53,18 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
   return out;
 }
 
+// load_vec where `valid`, else a pack of `pad`. 16-bit elements: the pad is written first and the load lands on it
+// word by word (a predicated LDG into the same registers). Selecting between two whole packs made NVVM merge
+// 16-bit packs half by half once the loads had landed: 130 PRMT on the critical path of the 4-pack float16 warp
+// softmax_backward (928 instructions, 728 without; Nsight Compute put it 15% behind torch.compile's kernel per
+// row, H100, session 36). Wider elements fill whole registers: one SEL each, kept (the pad-first form gave the
+// float32 lean backward instance 8 bytes of spill under its 32-register cap; nvcc 13.0, sm_90).
+// `address()` gives the pack's pointer; it is called only where the load is made or predicated (for wider elements
+// only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
+// the float32 lean instance 16 bytes of spill).
+template <typename T, int N, bool kLastUse = false, typename Address, typename C>
+__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad);
+
 // The bits of one element, as the integer word of its size.
 __device__ __forceinline__ uint32_t element_bits(float v) { return __float_as_uint(v); }
 __device__ __forceinline__ uint32_t element_bits(__half v) { return __half_as_ushort(v); }
@@ -218,6 +230,30 @@ __device__ __forceinline__ Pack<T, N> filled_pack(C value) {
 #pragma unroll
   for (int j = 0; j < N; ++j) out.v[j] = convert<T>(value);
   return out;
+}
+
+template <typename T, int N, bool kLastUse, typename Address, typename C>
+__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad) {
+  if constexpr (sizeof(T) == 2) {
+    using W = typename Word<kWordBytes<T, N>>::type;
+    constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
+    Pack<T, N> out = filled_pack<T, N>(pad);
+    const W* src = reinterpret_cast<const W*>(address());
+    W* dst = reinterpret_cast<W*>(&out);
+    if (valid) {
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) {
+        if constexpr (kLastUse) {
+          dst[i] = __ldcs(src + i);
+        } else {
+          dst[i] = src[i];
+        }
+      }
+    }
+    return out;
+  } else {
+    return valid ? load_vec<T, N, kLastUse>(address()) : filled_pack<T, N>(pad);
+  }
 }
 
 // ---- kernel arguments -----------------------------------------------------------------------------

@@ -147,11 +147,8 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        if (row_valid && k < n_packs) {
-          cache[s][p] = load_vec<In, VEC>(args.in[s] + row_offset + k * VEC);
-        } else {
-          cache[s][p] = filled_pack<In, VEC>(Op::pad(s));
-        }
+        cache[s][p] = load_vec_or<In, VEC>(row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; },
+                                           Op::pad(s));
       }
     }
     // Pairs trade the halves of their 16-bit inputs before any math: a row's reductions see the same values, and
@@ -219,22 +216,25 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       }
     }
     // The loop below is the one every other instance runs; it keeps its own copy of the apply loop (sharing one
-    // lambda with the pairs' loop moved the register allocation of same-dtype and float64 instances).
+    // lambda with the pairs' loop moved the register allocation of same-dtype and float64 instances). It runs
+    // with the mode fixed (with_fixed_mode: one formula per element, not both).
+    with_fixed_mode(op, [&](const auto& fixed) {
 #pragma unroll
-    for (int p = 0; p < PACKS; ++p) {
-      const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
-      if (row_valid && k < n_packs) {
-        Pack<Out, VEC> result;
+      for (int p = 0; p < PACKS; ++p) {
+        const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
+        if (row_valid && k < n_packs) {
+          Pack<Out, VEC> result;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          C v[S];
+          for (int j = 0; j < VEC; ++j) {
+            C v[S];
 #pragma unroll
-          for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
-          result.v[j] = op.apply(row_consts, v);
+            for (int s = 0; s < S; ++s) v[s] = cached_element<C>(cache[s][p], j);
+            result.v[j] = fixed.apply(row_consts, v);
+          }
+          store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
         }
-        store_vec<Out, VEC>(args.out + row_offset + k * VEC, result);
       }
-    }
+    });
   }
 }
 
