@@ -8,7 +8,8 @@ their usual time, with two rounds up to 38x apart, where ours and eager's agreed
 
 Per case this prints, for each implementation as the bench builds it (softmax_ops._bench_impls.prepare_case,
 torch.compile included): the host's microseconds per call (``--calls`` back-to-back calls, no synchronisation,
-after a warm-up), the GPU's microseconds for the flush, and do_bench's median in ``--rounds`` rounds. One GPU call::
+after a warm-up), the GPU's microseconds for the flush, and the medians of do_bench and of the bench's events timer
+(softmax_ops._bench_timing: flush, then a GPU spin, then the call) in ``--rounds`` rounds each. One GPU call::
 
     python3 benchmarks/host_overhead_probe.py --ops softmax_backward --shapes 128x1024,1000x1000 --dtypes fp16
 """
@@ -62,8 +63,10 @@ def main() -> None:
 
     from softmax_ops import _bench_cases as cases_mod
     from softmax_ops._bench_impls import prepare_case
+    from softmax_ops._bench_timing import make_timer
 
     device = torch.device("cuda")
+    events = make_timer(device, kind="events")
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; flush (256 MB memset) "
           f"{flush_us(torch):.1f} us on the GPU")
     cases = cases_mod.build_cases(cases_mod.parse_ops(args.ops), cases_mod.parse_dtypes(args.dtypes),
@@ -75,8 +78,10 @@ def main() -> None:
         for name, fn in prepared.impls.items():
             host = host_us_per_call(torch, fn, args.calls)
             rounds = [do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3 for _ in range(args.rounds)]
+            spun = [events(fn) * 1e3 for _ in range(args.rounds)]
             print(f"{case.label():<40} {name:<14} host {host:7.1f} us/call   do_bench "
-                  + " / ".join(f"{t:.1f}" for t in rounds) + " us", flush=True)
+                  + " / ".join(f"{t:.1f}" for t in rounds) + " us   events "
+                  + " / ".join(f"{t:.1f}" for t in spun) + " us", flush=True)
         del prepared
         torch.cuda.empty_cache()
 

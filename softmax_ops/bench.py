@@ -1,8 +1,9 @@
 """`python -m softmax_ops bench`: the kernel sweep of shared/PERF.md against torch eager and torch.compile.
 
 For every case (op, dtype, shape) it allocates the inputs once, checks each implementation's output against
-a float64 reference, then times it (on CUDA with ``triton.testing.do_bench``, which flushes the L2 before
-every call, or CUDA events with an explicit flush), and reports GB/s, xCopy (or xSum for fused_topk: the time
+a float64 reference, then times it (on CUDA with CUDA events around each call, each after an L2 flush and a GPU
+spin that keeps the host's launches ahead of the GPU, or with ``--timer do_bench``: triton's do_bench, which
+flushes the L2 before every call), and reports GB/s, xCopy (or xSum for fused_topk: the time
 of the yardstick on the same bytes over ours), speedups and the kernel the dispatcher chose.
 
 Example (on a GPU machine)::
@@ -39,7 +40,7 @@ from softmax_ops._bench_impls import (
 )
 from softmax_ops._bench_plot import MISSING_MATPLOTLIB, matplotlib_available, plot_rows
 from softmax_ops._bench_report import CaseResult, format_table, summary_lines, write_json
-from softmax_ops._bench_timing import L2_FLUSH_BYTES, Timer, make_timer
+from softmax_ops._bench_timing import L2_FLUSH_BYTES, TIMER_KINDS, Timer, make_timer
 
 COMPARE_CHOICES = {"eager": EAGER, "compile": COMPILE, "liger": LIGER, "quack": QUACK}
 MEMORY_HEADROOM = 0.85  # use at most this fraction of the free device memory for one case
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: 2 on CUDA, 1 on CPU)")
     parser.add_argument("--plot", default=None, metavar="PATH",
                         help="write a PNG of GB/s and xCopy per shape (needs matplotlib)")
+    parser.add_argument("--timer", choices=TIMER_KINDS, default="events",
+                        help="CUDA timer: events (default: L2 flush and a GPU spin before every call, so that a "
+                        "slow launch path such as torch.compile's wrappers is not timed) or do_bench "
+                        "(triton.testing.do_bench, the timer of the sweeps up to session 35)")
     return parser
 
 
@@ -223,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = optional_baselines() if device.type == "cuda" else {}
     baselines = [name for name in compare if name != COMPILE or with_compile]
     baselines = [name for name in baselines if name in (EAGER, COMPILE) or callable(extra.get(name))]
-    timer = make_timer(device)
+    timer = make_timer(device, kind=args.timer)
     rounds = args.rounds if args.rounds is not None else DEFAULT_ROUNDS.get(device.type, 1)
     if rounds < 1:
         parser.error(f"--rounds must be at least 1, got {rounds}")

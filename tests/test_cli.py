@@ -17,6 +17,7 @@ import softmax_ops
 from softmax_ops import _bench_cases as cases
 from softmax_ops._bench_impls import chosen_kernel
 from softmax_ops._bench_report import CaseResult
+from softmax_ops._bench_timing import TIMER_KINDS, make_timer
 from softmax_ops.bench import main as bench_main
 from softmax_ops.bench import time_in_rounds
 
@@ -217,6 +218,21 @@ def test_bench_rejects_unknown_op(capsys):
         bench_main(["--quick", "--device", "cpu", "--ops", "softmaxx"])
     assert error.value.code == 2
     assert "unknown op 'softmaxx'" in capsys.readouterr().err
+
+
+def test_bench_timer_kinds(capsys):
+    # The CUDA timer is chosen on the command line; an unknown one is a usage error, and make_timer names the
+    # choices. On CPU every kind times with time.perf_counter.
+    with pytest.raises(SystemExit) as error:
+        bench_main(["--quick", "--device", "cpu", "--timer", "wallclock"])
+    assert error.value.code == 2
+    assert "invalid choice: 'wallclock'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="unknown timer kind 'wallclock'.*events, do_bench"):
+        make_timer(torch.device("cpu"), kind="wallclock")
+    for kind in TIMER_KINDS:
+        timer = make_timer(torch.device("cpu"), kind=kind)
+        assert "time.perf_counter" in timer.description
+        assert timer(lambda: torch.ones(4).sum()) > 0
 
 
 def test_make_readme_table_renders_markdown(tmp_path):
