@@ -91,6 +91,23 @@ def compare(base_paths: list[str], new_paths: list[str], time: bool = False) -> 
     return lines
 
 
+def timer_mismatch(base_paths: list[str], new_paths: list[str]) -> str | None:
+    """A warning when the two sides' files name different timers (the bench's default changed in session 36: an
+    A/B against an older tree times its side with do_bench), else None."""
+    def timers(paths: list[str]) -> set[str]:
+        found = set()
+        for path in paths:
+            with open(path) as handle:
+                found.add(str(json.load(handle).get("timer", "?")))
+        return found
+
+    base, new = timers(base_paths), timers(new_paths)
+    if base == new and len(base) == 1:
+        return None
+    return (f"WARNING: the runs were timed differently (base: {' | '.join(sorted(base))}; new: "
+            f"{' | '.join(sorted(new))}): compare our few-microsecond cases with care")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base", required=True, help="comma-separated bench JSON files of the base tree")
@@ -101,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     if not lines:
         print("no case was measured by both sides", file=sys.stderr)
         return 1
+    warning = timer_mismatch(args.base.split(","), args.new.split(","))
+    if warning:
+        lines.insert(0, warning)  # on stdout: ab_tune.sh keeps it in compare.txt
     print("\n".join(lines))
     return 0
 

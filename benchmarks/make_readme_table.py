@@ -28,13 +28,17 @@ def load(paths: Iterable[str]) -> tuple[dict, list[dict]]:
     """The first file's header and every file's rows; raises ValueError when the files name different GPUs."""
     header: dict = {}
     rows: list[dict] = []
+    timers: dict[str, list[str]] = {}  # timer -> the files timed with it, for the provenance line
     for path in paths:
         with open(path) as handle:
             document = json.load(handle)
         if header and document.get("gpu") != header.get("gpu"):
             raise ValueError(f"{path}: measured on {document.get('gpu')!r}, not {header.get('gpu')!r}")
         header = header or {key: value for key, value in document.items() if key != "rows"}
+        timers.setdefault(str(document.get("timer", "?")), []).append(path.rsplit("/", 1)[-1])
         rows += document["rows"]
+    if len(timers) > 1:  # e.g. sweeps from before and after session 36's events timer
+        header["timer"] = "; ".join(f"{timer} ({', '.join(files)})" for timer, files in timers.items())
     return header, rows
 
 

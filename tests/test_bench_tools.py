@@ -127,3 +127,28 @@ def test_ncu_segments_cuts_after_barriers_and_lists_the_sampled_stretches(tmp_pa
     out = ncu_segments.summary(title, instructions, min_share=0.05)
     assert out[1] == "total samples 96 warp instructions executed 40"
     assert len(out) == 3 and out[2].startswith("00000-00020 samples     95 (99.0%) exec       24 | 00010 FADD")
+
+
+def test_compare_warns_when_the_sides_were_timed_differently(tmp_path, capsys):
+    compare_bench = load_tool("compare_bench")
+    cases = [row("softmax", "fp16", "128x1024", 0.8)]
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps({"gpu": "H100", "timer": "do_bench", "rows": cases}))
+    new = tmp_path / "new.json"
+    new.write_text(json.dumps({"gpu": "H100", "timer": "events", "rows": cases}))
+    assert compare_bench.timer_mismatch([str(base)], [str(base)]) is None
+    assert compare_bench.main(["--base", str(base), "--new", str(new)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("WARNING: the runs were timed differently (base: do_bench; new: events)")
+    assert out[1].split()[:3] == ["softmax", "fp16", "128x1024"]
+
+
+def test_readme_table_names_each_files_timer_when_they_differ(tmp_path):
+    table = load_tool("make_readme_table")
+    first, second = tmp_path / "forward.json", tmp_path / "topk.json"
+    first.write_text(json.dumps({"gpu": "H100", "timer": "events", "rows": [row("softmax", "fp16", "4x8", 0.9)]}))
+    second.write_text(json.dumps({"gpu": "H100", "timer": "do_bench", "rows": [row("fused_topk", "fp16", "4x8", 0.8, k=2)]}))
+    header, rows = table.load([str(first), str(second)])
+    assert header["timer"] == "events (forward.json); do_bench (topk.json)" and len(rows) == 2
+    header, _ = table.load([str(first)])
+    assert header["timer"] == "events"
