@@ -93,11 +93,14 @@ def _cuda_events_ahead(device: torch.device) -> Callable[[Callable[[], object]],
 
     Why the spin: do_bench queues its flush (91 us of memset on an H100) and the call without synchronising, so the
     host must launch call i while the GPU still clears the cache for it. torch.compile's wrappers took 64-134 us of
-    host time per call on session 36's H100 host (softmax_backward, host_overhead_probe.py), our op and eager 20-38;
-    do_bench then timed the GPU waiting for the host: 28-128 us for torch.compile's 3-7 us kernels, 1.2-38x its
-    session 32 times and rounds up to 38x apart, where ours and eager's agreed. Spinning first keeps the GPU's queue
-    ahead of the host for any launch path up to the spin plus the flush, so each interval holds only the call's
-    own GPU work, as do_bench's does whenever the host keeps up.
+    host time per call on session 36's H100 host (softmax_backward, host_overhead_probe.py), our op and eager 20-42;
+    do_bench then timed the GPU waiting for the host: 25-137 us for calls this timer reads at 5-15 us, rounds up to
+    38x apart in a sweep, where ours and eager's agreed. Spinning first keeps the GPU's queue ahead of the host for
+    any launch path up to the spin plus the flush, so each interval holds only the call's own GPU work, as
+    do_bench's does whenever the host keeps up. The spin's cycles come from the clock measured when the timer is
+    made; a faster clock later shortens it in proportion (at twice the clock still 150 us, above the slowest launch
+    path measured). Events and spin go to the current device. Every measurement takes EVENT_REPEATS calls, however
+    long a call is (a 13 ms call: 2.6 s).
     """
     flush_buffer = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device)
     spin_cycles = int(SPIN_US * _spin_cycles_per_us(device))

@@ -55,10 +55,13 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
 
 // load_vec where `valid`, else a pack of `pad`. 16-bit elements: the pad is written first and the load lands on it
 // word by word (a predicated LDG into the same registers). Selecting between two whole packs made NVVM merge
-// 16-bit packs half by half once the loads had landed: 130 PRMT on the critical path of the 4-pack float16 warp
-// softmax_backward (928 instructions, 728 without; Nsight Compute put it 15% behind torch.compile's kernel per
-// row, H100, session 36). Wider elements fill whole registers: one SEL each, kept (the pad-first form gave the
-// float32 lean backward instance 8 bytes of spill under its 32-register cap; nvcc 13.0, sm_90).
+// 16-bit packs half by half once the loads had landed: 128 PRMT on the critical path of the 4-pack float16 warp
+// softmax_backward (792 instructions; 928 with the mode fixed, 728 with this too; Nsight Compute had put it 19-40%
+// behind torch.compile's kernel on 1000 x 1000 and 128 x 1024, H100, session 36). Wider elements fill whole
+// registers: one SEL each, kept (the pad-first form gave the float32 lean backward instance 8 bytes of spill under
+// its 32-register cap; nvcc 13.0, sm_90). In the widening forward warp instances (16-bit rows, float32 results) it
+// took 8-50 more registers (8 packs per lane: 117-128 -> 167-168, 3 CTAs of 128 threads per SM instead of 4), which
+// no GPU run has measured (notes-softmax-tuning.md, session 36).
 // `address()` gives the pack's pointer; it is called only where the load is made or predicated (for wider elements
 // only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
 // the float32 lean instance 16 bytes of spill).

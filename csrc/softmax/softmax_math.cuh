@@ -254,13 +254,15 @@ struct BackwardOp {
 // ---- the op's mode fixed at compile time -------------------------------------------------------------
 
 // `op` with its mode (softmax or log_softmax, forward or backward) a compile-time constant: apply() is that
-// mode's formula alone. A kernel runs its per-element output loop as with_fixed_mode(op, [&](const auto&
-// fixed) { ... fixed.apply(row, v) ... }), the loop compiled once per mode behind one uniform branch. With the
-// run-time flag inside the loop, nvcc issued both formulas for every element, one predicated off (the 16-bit
-// warp kernel's softmax_backward: 7.5 instructions per element where its own formula needs 4.5, expf's
-// included for log_softmax_backward), or branched around the other formula element by element (float32), which
-// leaves nothing to interleave: Nsight Compute put the warp and lean kernels 15-40% behind torch.compile's on
-// 128 x 1024, 1000 x 1000 and 2048 x 1024 backward (H100, session 36).
+// mode's formula alone. The warp kernel's output loop (not its lane-pair one) and the lean backward instance's run
+// as with_fixed_mode(op, [&](const auto& fixed) { ... fixed.apply(row, v) ... }), the loop compiled once per mode
+// behind one uniform branch; the other kernels' loops still call op.apply (in the main block kernel the two copies
+// gave 64-register instances 8-24 bytes more spill). With the run-time flag inside the loop, nvcc issued both
+// formulas for every element, one predicated off (the 16-bit warp kernel's softmax_backward: 7.5 instructions per
+// element where its own formula needs 4.5, log_softmax_backward's exponential included), or branched around the
+// other formula element by element (float32), which leaves nothing to interleave. Nsight Compute had put the warp
+// and lean kernels 12-40% behind torch.compile's on 128 x 1024, 1000 x 1000 and 2048 x 1024 backward (H100,
+// session 36); this and load_vec_or took 2-10% off (notes-softmax-tuning.md).
 template <typename Op, bool kLog>
 struct FixedMode {
   const Op& op;
