@@ -65,7 +65,7 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
 // `address()` gives the pack's pointer; it is called only where the load is made or predicated (for wider elements
 // only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
 // the float32 lean instance 16 bytes of spill).
-template <typename T, int N, bool kLastUse = false, typename Address, typename C>
+template <typename T, int N, typename Address, typename C>
 __device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad);
 
 // The bits of one element, as the integer word of its size.
@@ -235,27 +235,23 @@ __device__ __forceinline__ Pack<T, N> filled_pack(C value) {
   return out;
 }
 
-template <typename T, int N, bool kLastUse, typename Address, typename C>
+template <typename T, int N, typename Address, typename C>
 __device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad) {
   if constexpr (sizeof(T) == 2) {
     using W = typename Word<kWordBytes<T, N>>::type;
     constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
     Pack<T, N> out = filled_pack<T, N>(pad);
+    // Word by word into the padded pack: assigning a whole loaded pack (load_vec) brought the half-by-half merges
+    // back (4006 PRMT in the warp kernels instead of 747), so load_vec's word loop is repeated here.
     const W* src = reinterpret_cast<const W*>(address());
     W* dst = reinterpret_cast<W*>(&out);
     if (valid) {
 #pragma unroll
-      for (int i = 0; i < kWords; ++i) {
-        if constexpr (kLastUse) {
-          dst[i] = __ldcs(src + i);
-        } else {
-          dst[i] = src[i];
-        }
-      }
+      for (int i = 0; i < kWords; ++i) dst[i] = src[i];
     }
     return out;
   } else {
-    return valid ? load_vec<T, N, kLastUse>(address()) : filled_pack<T, N>(pad);
+    return valid ? load_vec<T, N>(address()) : filled_pack<T, N>(pad);
   }
 }
 
