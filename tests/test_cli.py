@@ -8,10 +8,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import requires_cuda
 
 import softmax_ops
 from softmax_ops import _bench_cases as cases
@@ -233,6 +235,42 @@ def test_bench_timer_kinds(capsys):
         timer = make_timer(torch.device("cpu"), kind=kind)
         assert "time.perf_counter" in timer.description
         assert timer(lambda: torch.ones(4).sum()) > 0
+
+
+def _busy_wait(seconds: float) -> None:
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        pass
+
+
+@requires_cuda
+def test_events_timer_times_the_gpu_work_not_a_slow_launch_path():
+    # The events timer's reason to exist (session 36): a callable whose host side takes longer than the L2 flush
+    # (torch.compile's wrappers: 64-134 us per call) must still read as its GPU work. Here the host busy-waits
+    # 150 us (under the timer's 300 us spin) before queueing a GPU spin of ~20 us; the reading must be near the
+    # spin's own time, measured back to back with plain events, and far from the host's 150 us.
+    device = torch.device("cuda")
+    timer = make_timer(device, kind="events")
+    cycles = 20_000  # ~11-20 us at H100 / H200 clocks
+    torch.cuda._sleep(cycles)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    gpu_ms = start.elapsed_time(end) / 20
+
+    def slow_host_then_gpu_spin() -> None:
+        _busy_wait(150e-6)
+        torch.cuda._sleep(cycles)
+
+    fast = timer(lambda: torch.cuda._sleep(cycles))
+    slow = timer(slow_host_then_gpu_spin)
+    for reading in (fast, slow):
+        assert 0.5 * gpu_ms < reading < 1.5 * gpu_ms + 0.005, (reading, gpu_ms)
+    assert slow < 0.1, slow  # milliseconds: the host's 150 us is not in the reading
 
 
 def test_make_readme_table_renders_markdown(tmp_path):

@@ -30,6 +30,14 @@ template <typename Op, int VEC, int PACKS, int EDGES>
 constexpr bool kWarpPairStores =
     kLanePairStores<typename Op::Out, VEC> && Op::kStreams == 1 && !(EDGES > 0 && PACKS == kWarpKernelMaxPacks);
 
+// Pad-first loads (load_vec_or) only where the result has the input's dtype. The widening forward instances keep
+// the select: 117-128 registers at 8 packs per lane instead of 167-168. On an H100 (session 37, A/B of 8 shapes x
+// 2 ops, 3 runs each) that made float16 -> float32 rows of 1032-2040 columns 2.6-12.8% faster (4096 x 1032, 8192 x
+// 1280, 2048 x 2048: 11-13%), bfloat16 ones -8.6..+1.3%; 1000 x 2000 and the rows at copy speed (32768 and 65536 x
+// 2048) 0.2-1.4% slower.
+template <typename Op>
+constexpr bool kWarpPadFirstLoads = std::is_same_v<typename Op::In, typename Op::Out>;
+
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
 // EDGES > 0 (a peeled row): edge[i] is the lane's i-th edge element (the padding where it holds none), its
 // result written to edge_out[i] where that is not null.
@@ -147,8 +155,8 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        cache[s][p] = load_vec_or<In, VEC>(row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; },
-                                           Op::pad(s));
+        cache[s][p] = load_vec_or<In, VEC, kWarpPadFirstLoads<Op>>(
+            row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s));
       }
     }
     // Pairs trade the halves of their 16-bit inputs before any math: a row's reductions see the same values, and
