@@ -30,13 +30,18 @@ template <typename Op, int VEC, int PACKS, int EDGES>
 constexpr bool kWarpPairStores =
     kLanePairStores<typename Op::Out, VEC> && Op::kStreams == 1 && !(EDGES > 0 && PACKS == kWarpKernelMaxPacks);
 
-// Pad-first loads (load_vec_or) only where the result has the input's dtype. The widening forward instances keep
-// the select: 117-128 registers at 8 packs per lane instead of 167-168. On an H100 (session 37, A/B of 8 shapes x
-// 2 ops, 3 runs each) that made float16 -> float32 rows of 1032-2040 columns 2.6-12.8% faster (4096 x 1032, 8192 x
-// 1280, 2048 x 2048: 11-13%), bfloat16 ones -8.6..+1.3%; 1000 x 2000 and the rows at copy speed (32768 and 65536 x
-// 2048) 0.2-1.4% slower.
-template <typename Op>
-constexpr bool kWarpPadFirstLoads = std::is_same_v<typename Op::In, typename Op::Out>;
+// Pad-first loads (load_vec_or) where the result has the input's dtype, and for bfloat16 rows with float32 results
+// below 8 packs per lane; float16 rows with float32 results, and bfloat16 ones at 8 packs, keep the select. Measured
+// on an H100 (session 37, A/Bs of both forms, 3 runs each, softmax and log_softmax):
+// - 8 packs per lane: the select takes 117-128 registers where pad-first took 167-168, and made float16 -> float32
+//   rows of 1032-2040 columns 2.6-12.8% faster (4096 x 1032, 8192 x 1280, 2048 x 2048: 11-13%), bfloat16 ones
+//   -8.6..+1.3%; 1000 x 2000 and the rows at copy speed (32768 and 65536 x 2048) 0.2-1.4% slower;
+// - 1-4 packs per lane (11 shapes): 2048 x 1024 float16 -6.1 / -9.0% with the select, bfloat16 +9.2 / +10.1%; every
+//   other shape within +-3.5%, the few-microsecond noise.
+template <typename Op, int PACKS>
+constexpr bool kWarpPadFirstLoads =
+    std::is_same_v<typename Op::In, typename Op::Out> ||
+    (std::is_same_v<typename Op::In, __nv_bfloat16> && PACKS < kWarpKernelMaxPacks);
 
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
 // EDGES > 0 (a peeled row): edge[i] is the lane's i-th edge element (the padding where it holds none), its
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
       const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        cache[s][p] = load_vec_or<In, VEC, kWarpPadFirstLoads<Op>>(
+        cache[s][p] = load_vec_or<In, VEC, kWarpPadFirstLoads<Op, PACKS>>(
             row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s));
       }
     }
