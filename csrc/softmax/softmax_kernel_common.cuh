@@ -62,10 +62,10 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
 // its 32-register cap; nvcc 13.0, sm_90). kPadFirst = false keeps the select for 16-bit packs too: most widening
 // forward warp instances (16-bit rows, float32 results) use it (softmax_warp_kernel.cuh kWarpPadFirstLoads), where
 // pad-first loads took 8-50 more registers (8 packs per lane: 117-128 -> 167-168, 3 CTAs of 128 threads per SM
-// instead of 4) and made float16 -> float32 rows of 1032-2048 columns up to 14% slower (H100, session 37: 4096 x
+// instead of 4) and made float16 -> float32 rows of 1032-2048 columns up to 15% slower (H100, session 37: 4096 x
 // 1032 17.8 against 15.6 us, 2048 x 2048 14.9 against 13.3).
-// `address()` gives the pack's pointer; it is called only where the load is made or predicated (for wider elements
-// only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
+// `address()` gives the pack's pointer; it is called only where the load is made or predicated (with the select,
+// for wider elements and for 16-bit ones with kPadFirst = false, only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
 // the float32 lean instance 16 bytes of spill).
 template <typename T, int N, bool kPadFirst = true, typename Address, typename C>
 __device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad);

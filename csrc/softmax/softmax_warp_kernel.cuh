@@ -34,10 +34,10 @@ constexpr bool kWarpPairStores =
 // below 8 packs per lane; float16 rows with float32 results, and bfloat16 ones at 8 packs, keep the select. Measured
 // on an H100 (session 37, A/Bs of both forms, 3 runs each, softmax and log_softmax):
 // - 8 packs per lane: the select takes 117-128 registers where pad-first took 167-168, and made float16 -> float32
-//   rows of 1032-2040 columns 2.6-12.8% faster (4096 x 1032, 8192 x 1280, 2048 x 2048: 11-13%), bfloat16 ones
+//   rows of 1032-2048 columns 2.6-12.8% faster (4096 x 1032, 8192 x 1280, 2048 x 2048: 10.5-12.8%), bfloat16 ones
 //   -8.6..+1.3%; 1000 x 2000 and the rows at copy speed (32768 and 65536 x 2048) 0.2-1.4% slower;
 // - 1-4 packs per lane (11 shapes): 2048 x 1024 float16 -6.1 / -9.0% with the select, bfloat16 +9.2 / +10.1%; every
-//   other shape within +-3.5%, the few-microsecond noise.
+//   other shape within +-3.5% (the few-microsecond ones; the 38-56 us ones within +-0.6%).
 template <typename Op, int PACKS>
 constexpr bool kWarpPadFirstLoads =
     std::is_same_v<typename Op::In, typename Op::Out> ||
