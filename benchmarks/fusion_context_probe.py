@@ -3,8 +3,9 @@
 The bench times the ops alone. In a model, inductor fuses a softmax's elementwise producers (scale, additive
 mask, a cast to float) and consumers (a cast back) into its own reduction kernel; once the pass swaps the
 softmax for our op, those neighbours become kernels of their own, each a full read and write of the tensor.
-This times, per site form, torch.compile without the pass, with it, and eager, in turns (do_bench, L2 flushed),
-and prints what the pass rewrote. Run on a GPU: python benchmarks/fusion_context_probe.py [--json out.json]
+This times, per site form, torch.compile without the pass, with it, and eager, in turns, and prints what the pass
+rewrote. Timer: the bench's (make_timer; since session 36 CUDA events after an L2 flush and a GPU spin, so
+torch.compile's host overhead is not timed). Run on a GPU: python benchmarks/fusion_context_probe.py [--json out.json]
 """
 
 from __future__ import annotations
