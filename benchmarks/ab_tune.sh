@@ -11,13 +11,14 @@
 # (an untracked directory travels with the working tree; delete it afterwards). OUT_DIR ends up packed as
 # OUT_DIR.tar.gz too: the device tool returns only a few files per call.
 #
-# The base tree and the working tree are built at once, each with its own
-# SOFTMAX_OPS_CACHE (the working tree's is NEW_CACHE when set, so that later commands of the call reuse its build). Then the working tree's tune script (TUNE, default tune_topk.py; tune_softmax.py works the
-# same way), so that both sides are measured by the same code (but each side's own make_timer: a base from before
-# session 36's events timer is timed with do_bench, and compare_bench.py then says so first), runs on base and new in turns, RUNS times each
-# (default 2): OUT_DIR/{base,new}<i>.{json,txt}. compare_bench.py's per-case comparison of all runs ends up in
-# OUT_DIR/compare.txt and on stdout (COMPARE_ARGS, e.g. --time, are passed to it). Small shapes move by ~10% between runs of the same code: read the runs,
-# not only the mean change.
+# The base tree and the working tree are built at once, each with its own SOFTMAX_OPS_CACHE (the working tree's
+# is NEW_CACHE when set, so that later commands of the call reuse its build). Then the working tree's tune script
+# (TUNE, default tune_topk.py; tune_softmax.py works the same way), so that both sides are measured by the same code
+# (but each side's own make_timer: a base from before session 36's events timer is timed with do_bench, and
+# compare_bench.py then says so first), runs on base and new in turns, RUNS times each (default 2):
+# OUT_DIR/{base,new}<i>.{json,txt}. compare_bench.py's per-case comparison of all runs ends up in OUT_DIR/compare.txt
+# and on stdout (COMPARE_ARGS, e.g. --time, are passed to it). Small shapes move by ~10% between runs of the same
+# code: read the runs, not only the mean change.
 set -uo pipefail
 if [ $# -lt 2 ]; then
   echo "usage: bash benchmarks/ab_tune.sh BASE OUT_DIR [tune script arguments...]" >&2

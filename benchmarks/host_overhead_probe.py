@@ -3,8 +3,9 @@
 triton's do_bench queues an L2 flush (a 256 MB memset) before every timed call and does not synchronise in
 between, so the host launches call i while the GPU still clears the cache for it. A callable whose host side
 (Python, guards, wrappers, the launch) takes longer than that memset leaves the GPU idle between the start event
-and its kernel, and the bench then times the host. In session 36's do_bench sweep of the backward, torch.compile's two rounds were
-up to 38x apart and its best-of-two times up to 8.7x session 32's, where ours and eager's agreed (README, notes).
+and its kernel, and the bench then times the host. In session 36's do_bench sweep of the backward, torch.compile's
+two rounds were up to 38x apart and its best-of-two times up to 8.7x session 32's, where ours and eager's agreed
+(README, notes).
 
 Per case this prints, for each implementation as the bench builds it (softmax_ops._bench_impls.prepare_case,
 torch.compile included): the host's microseconds per call (``--calls`` back-to-back calls, no synchronisation,

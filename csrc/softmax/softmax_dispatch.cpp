@@ -117,8 +117,8 @@ struct Heuristics {
   static constexpr int64_t kLeanFloatMinPacks = 256;
   // Same-dtype float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
   // also in fewer rows than SMs of up to kLeanFloatBackwardFewRowsMaxBytes (under kFewRowsSplitMinRowBytes: a CTA
-  // per row either way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer threads (64
-  // against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
+  // per row either way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer
+  // threads (64 against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
   // that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
   // *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward / log_softmax_backward: 1000 x 1000 (250
   // packs) 10.4-11.0 / 10.6-11.3 -> 9.4-9.5 / 9.7-10.4, 128 x 1024 (a row per SM) 6.2-6.6 / 6.5-7.1 -> 5.8-6.6 / 5.9,

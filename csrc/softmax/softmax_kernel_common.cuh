@@ -65,8 +65,9 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
 // instead of 4) and made float16 -> float32 rows of 1032-2048 columns up to 15% slower (H100, session 37: 4096 x
 // 1032 17.8 against 15.6 us, 2048 x 2048 14.9 against 13.3).
 // `address()` gives the pack's pointer; it is called only where the load is made or predicated (with the select,
-// for wider elements and for 16-bit ones with kPadFirst = false, only when `valid`: a pointer computed unconditionally cost float32 warp instances up to 35 more registers and
-// the float32 lean instance 16 bytes of spill).
+// for wider elements and for 16-bit ones with kPadFirst = false, only when `valid`: a pointer computed
+// unconditionally cost float32 warp instances up to 35 more registers and the float32 lean instance 16 bytes of
+// spill).
 template <typename T, int N, bool kPadFirst = true, typename Address, typename C>
 __device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad);
 
