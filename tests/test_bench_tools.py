@@ -152,3 +152,18 @@ def test_readme_table_names_each_files_timer_when_they_differ(tmp_path):
     assert header["timer"] == "events (forward.json); do_bench (topk.json)" and len(rows) == 2
     header, _ = table.load([str(first)])
     assert header["timer"] == "events"
+
+
+def test_vllm_probe_reads_router_cases_and_refuses_a_missing_source_before_building(tmp_path, monkeypatch, capsys):
+    probe = load_tool("vllm_gating_probe")
+    assert probe.parse_case("16384x160k6") == (16384, 160, 6)
+    assert [probe.parse_case(c) for c in probe.DEFAULT_CASES.split(",")][-1] == (16384, 160, 6)
+    for bad in ("16384x160", "16384k6", "ax64k6"):
+        with pytest.raises(ValueError, match="ROWSxNkK"):
+            probe.parse_case(bad)
+    missing = tmp_path / "topk_softmax_kernels.cu"
+    monkeypatch.setattr(sys, "argv", ["vllm_gating_probe.py", "--vllm-source", str(missing)])
+    with pytest.raises(SystemExit) as exit_info:
+        probe.main()
+    assert exit_info.value.code == 2
+    assert "no such file" in capsys.readouterr().err
