@@ -851,8 +851,8 @@ def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
 
 # The backward ops' lean instance (lean_backward_rows: the same CTA shape, 2 packs of each stream per thread):
 # every size above, both 16-bit dtypes, softmax_backward and log_softmax_backward.
-# float32 streams take it for 256..1024 packs of 4 (1024-4096 columns), and from 192 packs (768 columns, since
-# session 35) where the result is float32 too.
+# float32 streams take it for 192..1024 packs of 4 (768-4096 columns; from 192 since session 35 where the result is
+# float32 too, since session 38 also for a 16-bit result: test_automatic_lean_block_rows_backward_float32_streams_16bit_result).
 LEAN_BACKWARD_CASES = [(dtype, n) for dtype in (torch.float16, torch.bfloat16) for n in LEAN_SIZES] + [
     (torch.float32, n) for n in (768, 772, 1000, 1024, 1028, 2048, 3000, 4092, 4096)]
 
@@ -866,24 +866,26 @@ def test_automatic_lean_block_rows_backward(n, dtype, op):
 
 
 @pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(128, 1024), (8, 1000), (1, 768), (1, 772)])
-def test_few_float32_backward_rows_take_the_lean_instance(shape, op):
+def test_few_float32_backward_rows_take_the_lean_instance(shape, in_dtype, op):
     """Fewer float32 rows than SMs of 192-256 packs (at most 8 KB of two streams): a CTA per row in the lean
-    instance (lean_rows, session 35); 1000 and 772 columns leave the last pack's threads padding."""
-    x = make_input(shape, torch.float32, seed=shape[0] + shape[1])
-    assert "lean instance" in softmax_ops.explain(shape, torch.float32, op=f"{op}_backward")
-    check_backward(op, x, -1, None)
+    instance (lean_rows, session 35; float32 streams with a 16-bit result since session 38: the backward of
+    softmax(x_16bit, dtype=float32)); 1000 and 772 columns leave the last pack's threads padding."""
+    x = make_input(shape, in_dtype, seed=shape[0] + shape[1])
+    assert "lean instance" in softmax_ops.explain(shape, torch.float32, op=f"{op}_backward", out_dtype=in_dtype)
+    check_backward(op, x, -1, torch.float32)
 
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("n", [1024, 1028, 2048, 4096])
+@pytest.mark.parametrize("n", [768, 772, 1000, 1024, 1028, 2048, 4096])
 def test_automatic_lean_block_rows_backward_float32_streams_16bit_result(n, in_dtype, op):
     """softmax(x_16bit, dtype=torch.float32) and its backward: float32 streams, a 16-bit gradient, through the
-    lean instance's BackwardOp<float, half / bfloat16> (explain cannot name a mixed pair: the plan is the
-    float32 one, lean_rows)."""
+    lean instance's BackwardOp<float, half / bfloat16> (lean_rows; from 192 packs, 768 columns, since session 38)."""
     x = make_input((lean_rows(), n), in_dtype, seed=n + 3)
-    assert "lean instance" in softmax_ops.explain(tuple(x.shape), torch.float32, op=f"{op}_backward")
+    assert "lean instance" in softmax_ops.explain(tuple(x.shape), torch.float32, op=f"{op}_backward",
+                                                  out_dtype=in_dtype)
     check_backward(op, x, -1, torch.float32)
 
 

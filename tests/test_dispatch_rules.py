@@ -131,7 +131,13 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
     ((1, 1028), None, False),              # 257 packs: few rows of more than 8 KB were not measured
     ((4, 2048), None, False),              # 16 KB of two streams: few rows split over a cluster
     ((1000, 1001), None, False),           # peeled rows keep their plan
-    ((1000, 1000), torch.float16, False),  # float32 gradients of a 16-bit input keep theirs
+    # float32 streams with a 16-bit result (the backward of softmax(x_16bit, dtype=float32)), since session 38
+    ((1000, 1000), torch.float16, True),
+    ((256, 768), torch.bfloat16, True),
+    ((256, 764), torch.float16, False),
+    ((128, 1024), torch.bfloat16, True),
+    ((1, 1028), torch.float16, False),
+    ((1000, 1001), torch.bfloat16, False),
 ])
 def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(shape, input_dtype, lean, op):
     line = plan_line(shape, torch.float32, op, input_dtype)

@@ -115,7 +115,7 @@ struct Heuristics {
   // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
-  // Same-dtype float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
+  // float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
   // also in fewer rows than SMs of up to kLeanFloatBackwardFewRowsMaxBytes (under kFewRowsSplitMinRowBytes: a CTA
   // per row either way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer
   // threads (64 against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
@@ -127,7 +127,13 @@ struct Heuristics {
   // gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs) +1.1 / +0.9%. Not measured, extrapolated:
   // fewer rows than 128 (at 128 rows each SM already held a single CTA, a row, as it does with fewer). Few rows of
   // more than 256 packs (up to the 16 KB split size) were not measured and keep one CTA per row of the 64-register
-  // instance, as do float32 gradients of 16-bit inputs and peeled rows.
+  // instance, as do peeled rows.
+  // Since session 38 also float32 streams with a 16-bit result (the backward of softmax(x_16bit, dtype=float32)),
+  // whose rows of 192-255 packs and few rows of up to 1024 columns had kept the 64-register instance. H100, session
+  // 38 call 2 (three rounds in turns, us, softmax_backward fp16 / bf16 result, every new round faster than every
+  // base round; *session38-c2-compare-lean-widening-backward.txt*): 1000 x 1000 10.3-10.5 -> 9.3-9.5, 128 x 1024
+  // 6.4-6.6 -> 5.8-6.0, 256 x 768 -9.6%, 4096 x 1000 -7.4..-7.7%, 8 x 1000 -8..-10%, 1 x 1024 -11%, 32768 x 900
+  // -1.1%; log_softmax_backward -7.0..-10.0% on the same shapes; unchanged plans within +-0.4%.
   static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
   static constexpr int64_t kLeanFloatBackwardFewRowsMaxBytes = 8 * 1024;  // 1024 float32 columns, two streams
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
@@ -860,7 +866,7 @@ class Chooser {
   std::optional<SoftmaxChoice> lean_rows() {
     // Hopper only: measured there, and compiled for 4 CTAs of 512 threads per SM (other archs hold fewer).
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
-    const bool float_backward = p_.backward && g_.in_bytes == 4 && p_.out_dtype == p_.in_dtype && !g_.peel;
+    const bool float_backward = p_.backward && g_.in_bytes == 4 && !g_.peel;  // any result dtype (BackwardPairs)
     const bool few_rows = g_.rows < props_.sm_count;
     if (few_rows && !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
