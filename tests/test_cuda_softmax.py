@@ -916,12 +916,32 @@ def test_lean_block_rows_backward_special_values(dtype, n, op):
 @pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(128, 2048), (37, 2048), (5, 1600)])
 def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
-    """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan (for 16-bit rows a CTA per row,
-    one pack per thread; a CTA with more packs per thread for the wider fp32 rows)."""
+    """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan (for 16-bit rows a CTA per row of
+    the lean instance, 2 packs per thread, since session 38; a CTA with more packs per thread for the wider fp32
+    rows)."""
     x = make_input(shape, in_dtype, seed=shape[0])
     if in_dtype != torch.float64:
         assert "kernel block_onepass" in softmax_ops.explain(shape, in_dtype, op=op)
     check_forward(op, x, -1, out_dtype)
+
+
+# Few 16-bit forward rows of 64-256 packs (512-2048 columns, fewer rows than SMs): a CTA per row of the lean instance,
+# 2 packs per thread (lean_rows, session 38), 16-bit and float32 results, whole rows at both ends of the range, rows
+# whose last pack's threads hold padding, peeled rows; random rows, then special_rows in front. Rows None: one fewer
+# than the device's SMs.
+FEW_LEAN_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (None, 2048), (64, 1001), (3, 2047)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES[1:3] + FORWARD_DTYPES[4:], ids=FORWARD_DTYPE_IDS[1:3] +
+                         FORWARD_DTYPE_IDS[4:])
+@pytest.mark.parametrize("rows,n", FEW_LEAN_FORWARD_SHAPES)
+def test_few_16bit_forward_rows_on_the_lean_instance(rows, n, in_dtype, out_dtype, op):
+    shape = (sm_count() - 1 if rows is None else rows, n)
+    assert "lean instance" in softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
+    assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=n), -1, out_dtype)).all()
+    out = check_forward(op, special_rows_in_front(shape, in_dtype), -1, out_dtype)
+    assert torch.isnan(out[0]).all()  # a NaN in the row
 
 
 @pytest.mark.parametrize("backward", [False, True])

@@ -149,8 +149,10 @@ def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(sha
 
 
 @pytest.mark.parametrize("shape,dtype,kernel,packs", [
-    ((128, 2048), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
-    ((128, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster
+    ((200, 2040), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
+    ((200, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster (H200)
+    ((128, 2048), torch.float16, "block_onepass", 2),  # fewer rows than SMs: the lean instance (session 38)
+    ((128, 1024), torch.float16, "block_onepass", 2),
     ((128, 1024), torch.float32, "warp", None),
     ((2048, 2048), torch.float16, "block_onepass", 2),  # many rows of 256 packs: the lean instance
 ])
@@ -161,15 +163,35 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
         assert f"{packs} pack(s) per thread" in line, line
 
 
-@pytest.mark.parametrize("rows,lanes,threads", [
-    (128, 32, 32),      # one row per warp: 128 CTAs of one warp, not 32 of four
-    (300, 32, 64),      # 150 CTAs of two warps
-    (1000, 32, 128),    # enough rows for CTAs of four warps on every SM
-    (2000, 4, 32),      # 8 rows per warp (4 lanes each): 250 warps -> CTAs of one warp
-    (65536, 2, 128),
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dtype,out_dtype,lean", [
+    ((128, 1024), torch.float16, None, True),            # 128 packs: a CTA of 64 threads x 2 packs per row
+    ((1, 512), torch.bfloat16, None, True),              # 64 packs, the fewest
+    ((128, 504), torch.float16, None, False),            # 63 packs: the warp kernel
+    ((131, 2048), torch.bfloat16, None, True),           # 256 packs, one row fewer than SMs
+    ((132, 2040), torch.bfloat16, None, False),          # a row per SM: spread_small_rows
+    ((8, 2056), torch.float16, None, False),             # 257 packs: a cluster
+    ((100, 1000), torch.float16, torch.float32, True),   # float32 results of 16-bit rows too
+    ((64, 1001), torch.bfloat16, None, True),            # peeled rows, the body's plan
+    ((128, 1024), torch.float32, None, False),           # float32 rows: not measured, the warp kernel
 ])
-def test_few_warp_rows_spread_over_more_smaller_ctas(rows, lanes, threads):
-    n = {32: 1024, 4: 96, 2: 64}[lanes]
+def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, dtype, out_dtype, lean, op):
+    line = plan_line(shape, dtype, op, out_dtype)
+    assert ("lean instance" in line) == lean, line
+    if lean:
+        threads = -(-(shape[1] // 8) // 2 // 32) * 32  # 2 packs of 8 per thread, whole warps
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
+        assert "2 pack(s) per thread" in line, line
+
+
+@pytest.mark.parametrize("rows,n,lanes,threads", [
+    (128, 504, 32, 32),     # one row per warp: 128 CTAs of one warp, not 32 of four (63 packs: under the lean's 64)
+    (300, 1024, 32, 64),    # 150 CTAs of two warps
+    (1000, 1024, 32, 128),  # enough rows for CTAs of four warps on every SM
+    (2000, 96, 4, 32),      # 8 rows per warp (4 lanes each): 250 warps -> CTAs of one warp
+    (65536, 64, 2, 128),
+])
+def test_few_warp_rows_spread_over_more_smaller_ctas(rows, n, lanes, threads):
     line = plan_line((rows, n), torch.float16)
     assert "kernel warp:" in line and f"{lanes} lane(s) per row" in line, line
     assert f" x {threads} threads" in line, line

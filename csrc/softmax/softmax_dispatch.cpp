@@ -109,6 +109,19 @@ struct Heuristics {
   // log_softmax 0.82 / 0.83 -> 0.93 / 0.92, 4096 x 8192 +0.06..+0.10; but 2048 x 6144 (768 packs) softmax
   // 0.90 / 0.90 -> 0.86 / 0.88.
   static constexpr int64_t kLeanWideMinPacks = 768;
+  // Few 16-bit forward rows (fewer than SMs) of kLeanFewForwardMinPacks..kLeanMinPacks packs (512-2048 columns) take
+  // the lean instance too, a CTA per row of 2 packs per thread (32-128 threads), where the warp kernel held a row in
+  // one warp at 2-4 packs per lane and spread_small_rows 256 threads of one pack: the row's exponentials spread over
+  // more of the SM's schedulers. H100, session 38 call 3 (three rounds in turns, us, same-dtype fp16 / bf16, every
+  // new round at or below every base round but one; *session38-c3-compare-lean-few-forward-rows.txt*): softmax
+  // 128 x 1024 5.5-5.7 -> 5.2-5.4, 64 x 1024 -4 / -6%, 100 x 1000 -4 / -5%, 1 x 1024 -5 / -7%, 128 x 2048 (spread
+  // before) 6.0-6.4 -> 5.4-5.9, 8 x 2048 -11%, 128 x 1001 (peeled) 6.0-6.2 -> 5.3-5.5, 32 x 512 -2%; log_softmax -2..-13%
+  // on the same shapes; 2048 x 1024 (many rows, the warp kernel in both) -1%. Float32 results of 16-bit rows, call 4
+  // (the same protocol, *session38-c4-compare-lean-few-forward-rows-widening.txt*): softmax 128 x 1024 5.8-6.0 ->
+  // 5.3-5.5, 64 x 1024 -9%, 100 x 1000 -7%, 1 x 1024 -10 / -12%, 128 x 2048 -11 / -13%, 8 x 2048 -12 / -13%, 128 x
+  // 1001 -8%, 32 x 512 -5 / -6%; log_softmax -2..-11%; 2048 x 1024 -1%. Shorter rows, float32 rows and rows of
+  // 132-264 were not measured.
+  static constexpr int64_t kLeanFewForwardMinPacks = 64;
   // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
   // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
   // warp kernel (1024) and the 64-register instance (1280-2044), softmax / log_softmax: 2048 x 1024 -6.0 / -5.2%,
@@ -868,7 +881,11 @@ class Chooser {
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && !g_.peel;  // any result dtype (BackwardPairs)
     const bool few_rows = g_.rows < props_.sm_count;
-    if (few_rows && !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
+    const bool few_short_forward = few_rows && !p_.backward && g_.in_bytes == 2 &&
+                                   g_.n_packs >= Heuristics::kLeanFewForwardMinPacks &&
+                                   g_.n_packs <= Heuristics::kLeanMinPacks;
+    if (few_rows && !few_short_forward &&
+        !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
     }
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
@@ -877,7 +894,7 @@ class Chooser {
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
     // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured).
-    if (g_.widening && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
+    if (g_.widening && !few_short_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
     // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
@@ -885,9 +902,10 @@ class Chooser {
     const int reg_packs = lean_reg_packs(g_.in_bytes, p_.backward, wide);
     if (reg_packs == 0) return std::nullopt;
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const int64_t min_packs = float_forward    ? Heuristics::kLeanFloatMinPacks
-                              : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
-                                               : Heuristics::kLeanMinPacks;
+    const int64_t min_packs = few_short_forward ? Heuristics::kLeanFewForwardMinPacks
+                              : float_forward   ? Heuristics::kLeanFloatMinPacks
+                              : float_backward  ? Heuristics::kLeanFloatBackwardMinPacks
+                                                : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
