@@ -14,12 +14,14 @@ That kernel takes float32 logits: for each case and dtype it times
   twice the bytes of the 16-bit logits);
 - ``sum``: ``x.sum(-1)``, the bench's xSum yardstick;
 with the bench's timer (CUDA events after an L2 flush and a GPU spin), ``--rounds`` interleaved rounds, the fastest
-round reported. Before timing, the selections are compared (indices equal, values within 1e-6 relative): vLLM
-picks the larger probability and, on ties, the lower index, as fused_topk does. vLLM's fast kernel covers expert
+round reported. Before timing, the selections are compared (indices equal, values within 1e-6 relative; vLLM
+picks the larger probability and, on ties, the lower index, as fused_topk does): a case where they differ is marked
+DIFFERS and the probe exits with status 1 after the table. vLLM's fast kernel covers expert
 counts that are powers of two up to 512 and 192 / 320 / 384 / 448 / 576; any other count (60, 160) runs its
 fallback, a softmax kernel into a workspace and a top-k kernel.
 
-One GPU call (the vLLM file from the commit named in the results)::
+The table's header and the JSON name the source file's sha256, so a result can be matched to a vLLM commit.
+One GPU call::
 
     python3 benchmarks/vllm_gating_probe.py --vllm-source /path/to/topk_softmax_kernels.cu --json out.json
 """
@@ -27,6 +29,7 @@ One GPU call (the vLLM file from the commit named in the results)::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import tempfile
@@ -102,12 +105,14 @@ def case_calls(torch, softmax_ops, vllm, x, k: int) -> CaseCalls:
     return fns
 
 
-def agreement(ours, theirs) -> str:
-    """How vLLM's selection compares with ours: rows with identical indices, largest relative value gap."""
+def agreement(ours, theirs) -> tuple[str, bool]:
+    """How vLLM's selection compares with ours (rows with identical indices, largest relative value gap), and
+    whether they agree: every row's indices equal, every value within 1e-6 relative."""
     (values, indices), (weights, ids) = ours, theirs
     same_rows = (indices == ids.long()).all(dim=-1).float().mean().item()
     gap = ((values - weights).abs() / values.abs().clamp_min(1e-30)).max().item()
-    return f"indices equal on {100 * same_rows:.2f}% of rows, values within {gap:.1e}"
+    agree = same_rows == 1.0 and gap <= 1e-6
+    return f"indices equal on {100 * same_rows:.2f}% of rows, values within {gap:.1e}" + ("" if agree else " DIFFERS"), agree
 
 
 def main() -> None:
@@ -120,7 +125,15 @@ def main() -> None:
     args = parser.parse_args()
     if not args.vllm_source.is_file():
         parser.error(f"--vllm-source: no such file {args.vllm_source}")
-    cases = [parse_case(c) for c in filter(None, args.cases.split(","))]
+    try:
+        cases = [parse_case(c) for c in filter(None, args.cases.split(","))]
+    except ValueError as error:
+        parser.error(f"--cases: {error}")
+    for n_rows, n, k in cases:
+        if n_rows < 1 or not 1 <= k <= n:
+            parser.error(f"--cases: {n_rows}x{n}k{k} needs at least one row and 1 <= k <= N")
+    rounds = max(1, args.rounds)
+    source_sha256 = hashlib.sha256(args.vllm_source.read_bytes()).hexdigest()
     for name in args.dtypes.split(","):
         if name not in DTYPES:
             parser.error(f"--dtypes: unknown {name!r} (choose from {', '.join(DTYPES)})")
@@ -138,10 +151,11 @@ def main() -> None:
         vllm = build_vllm(args.vllm_source, Path(build_root))
     timer = make_timer(device)
     print(f"{torch.cuda.get_device_name()}: torch {torch.__version__}; {timer.description}; us, fastest of "
-          f"{args.rounds} interleaved round(s)")
+          f"{rounds} interleaved round(s); vLLM source sha256 {source_sha256}")
     print(f"{'case':<14}{'dtype':<6}{'ours':>8}{'vllm':>8}{'vllm_kernel':>13}{'sum':>8}{'vllm/ours':>11}"
           f"{'xSum':>7}  selections")
     rows = []
+    differing = 0
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, DTYPES[dtype_name])
         for n_rows, n, k in cases:
@@ -150,13 +164,14 @@ def main() -> None:
             fns = case_calls(torch, softmax_ops, vllm, x, k)
             fns["vllm"]()
             torch.cuda.synchronize()
-            check = agreement(fns["ours"](), fns.vllm_outputs)
+            check, agree = agreement(fns["ours"](), fns.vllm_outputs)
+            differing += not agree
             best = {name: float("inf") for name in fns}
-            for _ in range(max(1, args.rounds)):
+            for _ in range(rounds):
                 for name, fn in fns.items():
                     best[name] = min(best[name], 1000.0 * timer(fn))
             kernel_us = best.get("vllm_kernel", float("nan"))
-            print(f"{n_rows}x{n}k{k:<6}{dtype_name:<6}{best['ours']:8.2f}{best['vllm']:8.2f}{kernel_us:13.2f}"
+            print(f"{f'{n_rows}x{n}k{k}':<14}{dtype_name:<6}{best['ours']:8.2f}{best['vllm']:8.2f}{kernel_us:13.2f}"
                   f"{best['sum']:8.2f}{best['vllm'] / best['ours']:10.2f}x{best['sum'] / best['ours']:7.2f}  {check}",
                   flush=True)
             for name, us in best.items():
@@ -165,7 +180,9 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                                          "timer": timer.description, "vllm_source": str(args.vllm_source),
-                                         "rows": rows}, indent=1))
+                                         "vllm_source_sha256": source_sha256, "rows": rows}, indent=1))
+    if differing:
+        raise SystemExit(f"vllm_gating_probe.py: the selections differ on {differing} case(s) (marked DIFFERS)")
 
 
 if __name__ == "__main__":

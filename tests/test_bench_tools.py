@@ -1,5 +1,6 @@
 """The benchmark tools that read committed bench JSON or profiler exports (no GPU, no torch): the A/B comparison,
-the README table's refusal to merge files of different GPUs, and the Nsight Compute stall-sample summary."""
+the README table's refusal to merge files of different GPUs, and the Nsight Compute stall-sample summary; and the
+vLLM gating probe's argument checks and selection comparison (CPU tensors)."""
 
 import importlib.util
 import json
@@ -161,9 +162,29 @@ def test_vllm_probe_reads_router_cases_and_refuses_a_missing_source_before_build
     for bad in ("16384x160", "16384k6", "ax64k6"):
         with pytest.raises(ValueError, match="ROWSxNkK"):
             probe.parse_case(bad)
+    for bad in ("16384x64k0", "16384x64k65", "0x64k6"):  # k outside 1..N, no rows: refused before any build
+        monkeypatch.setattr(sys, "argv", ["vllm_gating_probe.py", "--vllm-source", __file__, "--cases", bad])
+        with pytest.raises(SystemExit) as exit_info:
+            probe.main()
+        assert exit_info.value.code == 2
+        assert "1 <= k <= N" in capsys.readouterr().err
     missing = tmp_path / "topk_softmax_kernels.cu"
     monkeypatch.setattr(sys, "argv", ["vllm_gating_probe.py", "--vllm-source", str(missing)])
     with pytest.raises(SystemExit) as exit_info:
         probe.main()
     assert exit_info.value.code == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_vllm_probe_marks_selections_that_differ():
+    import torch  # CPU tensors: the probe's comparison of two selections, no GPU
+
+    probe = load_tool("vllm_gating_probe")
+    values = torch.tensor([[0.5, 0.25], [0.6, 0.1]])
+    indices = torch.tensor([[3, 1], [0, 2]])
+    text, agree = probe.agreement((values, indices), (values.clone(), indices.int()))
+    assert agree and "100.00% of rows" in text and "DIFFERS" not in text
+    text, agree = probe.agreement((values, indices), (values.clone(), torch.tensor([[3, 1], [2, 0]], dtype=torch.int32)))
+    assert not agree and "50.00% of rows" in text and text.endswith("DIFFERS")
+    text, agree = probe.agreement((values, indices), (values * (1 + 1e-5), indices.int()))
+    assert not agree and text.endswith("DIFFERS")

@@ -914,14 +914,17 @@ def test_lean_block_rows_backward_special_values(dtype, n, op):
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
-@pytest.mark.parametrize("shape", [(128, 2048), (37, 2048), (5, 1600)])
+@pytest.mark.parametrize("shape", [(128, 2048), (37, 2048), (5, 1600), (200, 2040), (264, 1040)])
 def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
-    """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan (for 16-bit rows a CTA per row of
-    the lean instance, 2 packs per thread, since session 38; a CTA with more packs per thread for the wider fp32
-    rows)."""
+    """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan, a CTA per row. 16-bit rows: fewer
+    than SMs on the lean instance, 2 packs per thread (since session 38), 132-264 rows of 129-255 packs spread over
+    one pack per thread (spread_small_rows); float32 rows: more packs per thread."""
     x = make_input(shape, in_dtype, seed=shape[0])
     if in_dtype != torch.float64:
-        assert "kernel block_onepass" in softmax_ops.explain(shape, in_dtype, op=op)
+        line = softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
+        assert "kernel block_onepass" in line, line
+        if in_dtype != torch.float32:
+            assert ("lean instance" if shape[0] < sm_count() else "1 pack(s) per thread") in line, line
     check_forward(op, x, -1, out_dtype)
 
 

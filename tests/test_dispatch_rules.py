@@ -164,24 +164,35 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-@pytest.mark.parametrize("shape,dtype,out_dtype,lean", [
-    ((128, 1024), torch.float16, None, True),            # 128 packs: a CTA of 64 threads x 2 packs per row
-    ((1, 512), torch.bfloat16, None, True),              # 64 packs, the fewest
-    ((128, 504), torch.float16, None, False),            # 63 packs: the warp kernel
-    ((131, 2048), torch.bfloat16, None, True),           # 256 packs, one row fewer than SMs
-    ((132, 2040), torch.bfloat16, None, False),          # a row per SM: spread_small_rows
-    ((8, 2056), torch.float16, None, False),             # 257 packs: a cluster
-    ((100, 1000), torch.float16, torch.float32, True),   # float32 results of 16-bit rows too
-    ((64, 1001), torch.bfloat16, None, True),            # peeled rows, the body's plan
-    ((128, 1024), torch.float32, None, False),           # float32 rows: not measured, the warp kernel
+@pytest.mark.parametrize("shape,dtype,out_dtype,plan", [
+    ((128, 1024), torch.float16, None, "lean"),              # 128 packs: a CTA of 64 threads x 2 packs per row
+    ((1, 512), torch.bfloat16, None, "lean"),                # 64 packs, the fewest
+    ((128, 504), torch.float16, None, "kernel warp:"),       # 63 packs: the warp kernel
+    ((128, 504), torch.float16, torch.float32, "kernel warp:"),
+    ((131, 2048), torch.bfloat16, None, "lean"),             # 256 packs, one row fewer than SMs
+    ((132, 1024), torch.float16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
+    ((132, 1024), torch.float16, torch.float32, "kernel warp:"),
+    ((131, 2040), torch.float16, None, "lean"),
+    ((132, 2040), torch.bfloat16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
+    ((8, 2056), torch.float16, None, "8 pack(s) per thread"),  # 257 packs: a CTA per row of the 64-register instance
+    ((100, 1000), torch.float16, torch.float32, "lean"),     # float32 results of 16-bit rows too
+    ((64, 1001), torch.bfloat16, None, "lean"),              # peeled rows, the body's plan
+    ((64, 513), torch.float16, None, "lean"),                # peeled, a body of 64 packs
+    ((64, 511), torch.float16, None, "kernel warp:"),        # peeled, a body of 63 packs
+    ((64, 2055), torch.float16, torch.float32, "lean"),      # peeled, a body of 256 packs
+    ((64, 2063), torch.float16, None, "8 pack(s) per thread"),  # peeled, a body of 257 packs
+    ((128, 1024), torch.float32, None, "kernel warp:"),      # float32 rows: not measured, the warp kernel
 ])
-def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, dtype, out_dtype, lean, op):
+def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, dtype, out_dtype, plan, op):
     line = plan_line(shape, dtype, op, out_dtype)
-    assert ("lean instance" in line) == lean, line
-    if lean:
-        threads = -(-(shape[1] // 8) // 2 // 32) * 32  # 2 packs of 8 per thread, whole warps
+    assert ("lean instance" in line) == (plan == "lean"), line
+    if plan == "lean":
+        body = shape[1] // 8 * 8  # peeled rows: the aligned body's packs
+        threads = -(-(body // 8) // 2 // 32) * 32  # 2 packs of 8 per thread, whole warps
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert "2 pack(s) per thread" in line, line
+    else:
+        assert plan in line, line
 
 
 @pytest.mark.parametrize("rows,n,lanes,threads", [

@@ -336,10 +336,10 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   }
 }
 
-// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns: a CTA per row, kLeanRegPacks or
-// kLeanWideRegPacks packs per thread; float32 rows of 1-8K columns: kLeanFloatRegPacks): the row max first,
-// then exp(x - max) ONCE per element, kept in float registers for the sum and the output (log_softmax keeps
-// the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
+// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns, and of fewer 16-bit rows than SMs of 512-2048
+// columns: a CTA per row, kLeanRegPacks or kLeanWideRegPacks packs per thread; float32 rows of 1-8K columns:
+// kLeanFloatRegPacks): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum
+// and the output (log_softmax keeps the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
 // bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on
 // H200) from log_softmax (0.86-0.90); Liger's Triton kernel, which keeps exp(x - max) in registers, reached
@@ -382,7 +382,7 @@ __device__ __forceinline__ void exp_once_rows(const RowArgs<Op>& args) {
 }
 
 // kLean for the backward ops (softmax_backward and log_softmax_backward of many rows of 256-1024 packs, 16-
-// or 32-bit, and of same-dtype float32 rows from 192 packs, also fewer than SMs: see lean_rows; the forward's CTA
+// or 32-bit, and of float32 streams from 192 packs, also fewer than SMs: see lean_rows; the forward's CTA
 // shape: a CTA per row, kLeanRegPacks packs of each stream per thread): the same accumulate / finalize / apply as
 // every other instance, without the cluster, grid-group and shared-memory machinery, so it fits 32 registers and
 // up to 2048 threads per SM: for 16-bit streams twice the loads in flight of the 64-register instance (4 CTAs of

@@ -112,15 +112,14 @@ struct Heuristics {
   // Few 16-bit forward rows (fewer than SMs) of kLeanFewForwardMinPacks..kLeanMinPacks packs (512-2048 columns) take
   // the lean instance too, a CTA per row of 2 packs per thread (32-128 threads), where the warp kernel held a row in
   // one warp at 2-4 packs per lane and spread_small_rows 256 threads of one pack: the row's exponentials spread over
-  // more of the SM's schedulers. H100, session 38 call 3 (three rounds in turns, us, same-dtype fp16 / bf16, every
-  // new round at or below every base round but one; *session38-c3-compare-lean-few-forward-rows.txt*): softmax
-  // 128 x 1024 5.5-5.7 -> 5.2-5.4, 64 x 1024 -4 / -6%, 100 x 1000 -4 / -5%, 1 x 1024 -5 / -7%, 128 x 2048 (spread
-  // before) 6.0-6.4 -> 5.4-5.9, 8 x 2048 -11%, 128 x 1001 (peeled) 6.0-6.2 -> 5.3-5.5, 32 x 512 -2%; log_softmax -2..-13%
-  // on the same shapes; 2048 x 1024 (many rows, the warp kernel in both) -1%. Float32 results of 16-bit rows, call 4
-  // (the same protocol, *session38-c4-compare-lean-few-forward-rows-widening.txt*): softmax 128 x 1024 5.8-6.0 ->
-  // 5.3-5.5, 64 x 1024 -9%, 100 x 1000 -7%, 1 x 1024 -10 / -12%, 128 x 2048 -11 / -13%, 8 x 2048 -12 / -13%, 128 x
-  // 1001 -8%, 32 x 512 -5 / -6%; log_softmax -2..-11%; 2048 x 1024 -1%. Shorter rows, float32 rows and rows of
-  // 132-264 were not measured.
+  // more of the SM's schedulers. H100, session 38 call 3 (three rounds in turns, us, same-dtype fp16 / bf16, every new
+  // round at or below every base round but two; *session38-c3-compare-lean-few-forward-rows.txt*): softmax 128 x 1024
+  // 5.5-5.7 -> 5.2-5.4, 64 x 1024 -4 / -6%, 100 x 1000 -4 / -5%, 1 x 1024 -5 / -7%, 128 x 2048 (spread before) 6.0-6.4
+  // -> 5.4-5.9, 8 x 2048 -11%, 128 x 1001 (peeled) 6.0-6.2 -> 5.3-5.5, 32 x 512 -2%; log_softmax -2..-13% on the same
+  // shapes; 2048 x 1024 (many rows, the warp kernel in both) -1%. Float32 results of 16-bit rows, call 4 (the same
+  // protocol, *session38-c4-compare-lean-few-forward-rows-widening.txt*): softmax 128 x 1024 5.8-6.0 -> 5.3-5.5, 64 x
+  // 1024 -9%, 100 x 1000 -7%, 1 x 1024 -10 / -12%, 128 x 2048 -13 / -11%, 8 x 2048 -13 / -12%, 128 x 1001 -8%, 32 x 512
+  // -5 / -6%; log_softmax -2..-11%; 2048 x 1024 -1%. Shorter rows, float32 rows and 132-264 rows were not measured.
   static constexpr int64_t kLeanFewForwardMinPacks = 64;
   // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
   // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
@@ -142,11 +141,12 @@ struct Heuristics {
   // more than 256 packs (up to the 16 KB split size) were not measured and keep one CTA per row of the 64-register
   // instance, as do peeled rows.
   // Since session 38 also float32 streams with a 16-bit result (the backward of softmax(x_16bit, dtype=float32)),
-  // whose rows of 192-255 packs and few rows of up to 1024 columns had kept the 64-register instance. H100, session
+  // whose rows of 192-255 packs and few rows of 768-1024 columns had kept the 64-register instance. H100, session
   // 38 call 2 (three rounds in turns, us, softmax_backward fp16 / bf16 result, every new round faster than every
   // base round; *session38-c2-compare-lean-widening-backward.txt*): 1000 x 1000 10.3-10.5 -> 9.3-9.5, 128 x 1024
   // 6.4-6.6 -> 5.8-6.0, 256 x 768 -9.6%, 4096 x 1000 -7.4..-7.7%, 8 x 1000 -8..-10%, 1 x 1024 -11%, 32768 x 900
-  // -1.1%; log_softmax_backward -7.0..-10.0% on the same shapes; unchanged plans within +-0.4%.
+  // -1.1%; log_softmax_backward -7.0..-10.0% on the same shapes but 32768 x 900 (-1.1 / -1.2%); unchanged plans
+  // within +-0.4%.
   static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
   static constexpr int64_t kLeanFloatBackwardFewRowsMaxBytes = 8 * 1024;  // 1024 float32 columns, two streams
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
@@ -847,8 +847,9 @@ class Chooser {
   }
 
   // Softmax and log_softmax of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
-  // SM): a CTA per row of ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept
-  // in registers (the lean instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
+  // SM; since session 38 also fewer rows of 512-2048 columns, kLeanFewForwardMinPacks): a CTA per row of
+  // ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept in registers (the lean
+  // instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
   // 0.77-0.81, 4096 x 4096 0.79-0.82, against Liger's Triton kernel at 0.92-0.98, 0.97-1.00, 0.97-1.02. The
   // same lean CTA shape with the twice-taken exponentials was slower still (0.73, 0.67, 0.69: results
@@ -893,7 +894,8 @@ class Chooser {
     // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
-    // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured).
+    // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured), and not
+    // fewer rows than SMs of 64-256 packs (few_short_forward: the lean instance measured faster, session 38).
     if (g_.widening && !few_short_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
@@ -933,6 +935,8 @@ class Chooser {
   // each. H200, 2026-11-22, softmax xCopy warp -> spread: 37 x 2048 fp16 0.69 -> 0.87, bf16 0.67 -> 0.78;
   // 128 x 2048 fp16 0.78 -> 0.89, bf16 0.77 -> 0.90. With 4 packs per lane or fp32 rows the warp kernel
   // was as fast or faster (128 x 1024 fp16 0.85 vs 0.77, 264 x 512 fp16 0.96 vs 0.81, fp32 0.91 vs 0.83).
+  // Since session 38 fewer rows than SMs take the lean instance first (lean_rows, kLeanFewForwardMinPacks), so this
+  // plan runs 132-264 rows of 129-255 packs.
   std::optional<SoftmaxChoice> spread_small_rows() {
     if (g_.vec == 1 || g_.peel || !few_small_rows_to_spread()) return std::nullopt;
     const auto shape = cache_shape(g_.n_packs, g_, Heuristics::kSharedCtaMaxThreads, shared_smem_budget(props_),
@@ -1085,8 +1089,8 @@ class Chooser {
   // per lane (~123 registers, 16 warps per SM): one wave of rows runs best there (no barrier), but with
   // more rows the block kernel's 32 threads x 8 packs at 64 registers (32 warps per SM) wins. H200,
   // 2026-11-22: 2048x2048 fp16 warp 0.90 / block 0.81 of copy; 32768x2048 fp16 0.85 / 0.92, bf16 0.70 / 0.94.
-  // Widening rows (a float32 result) keep the warp kernel, but for the few that spread_small_rows takes: see
-  // lean_rows.
+  // Widening rows (a float32 result) keep the warp kernel, but for the few that spread_small_rows or (fewer rows
+  // than SMs) the lean instance takes: see lean_rows.
   int64_t warp_max_row_bytes() const {
     const bool one_wave = g_.rows <= Heuristics::kWarpRowsPerSmOneWave * props_.sm_count;
     if (p_.backward) {
