@@ -35,7 +35,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 DEFAULT_CASES = ("256x128k8,16384x8k2,16384x64k6,16384x128k8,16384x256k8,65536x256k8,16384x384k8,16384x512k8,"
                  "4096x60k4,16384x160k6")
 
@@ -50,15 +49,6 @@ void topk_softmax(torch::Tensor& topk_weights, torch::Tensor& topk_indices, torc
                   torch::Tensor& gating_output);
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("topk_softmax", &topk_softmax); }
 """
-
-
-def parse_case(text: str) -> tuple[int, int, int]:
-    """'16384x64k6' -> (16384, 64, 6)."""
-    shape_text, _, k_text = text.partition("k")
-    rows, _, cols = shape_text.partition("x")
-    if not (rows.isdigit() and cols.isdigit() and k_text.isdigit()):
-        raise ValueError(f"expected ROWSxNkK, got {text!r}")
-    return int(rows), int(cols), int(k_text)
 
 
 def build_vllm(source: Path, build_root: Path):
@@ -125,23 +115,23 @@ def main() -> None:
     args = parser.parse_args()
     if not args.vllm_source.is_file():
         parser.error(f"--vllm-source: no such file {args.vllm_source}")
-    try:
-        cases = [parse_case(c) for c in filter(None, args.cases.split(","))]
-    except ValueError as error:
-        parser.error(f"--cases: {error}")
-    for n_rows, n, k in cases:
-        if n_rows < 1 or not 1 <= k <= n:
-            parser.error(f"--cases: {n_rows}x{n}k{k} needs at least one row and 1 <= k <= N")
-    rounds = max(1, args.rounds)
-    source_sha256 = hashlib.sha256(args.vllm_source.read_bytes()).hexdigest()
-    for name in args.dtypes.split(","):
-        if name not in DTYPES:
-            parser.error(f"--dtypes: unknown {name!r} (choose from {', '.join(DTYPES)})")
 
     import torch
 
     import softmax_ops
+    from softmax_ops._bench_cases import DTYPES, parse_dtypes, parse_shapes
     from softmax_ops._bench_timing import make_timer
+
+    try:  # the bench's own parsers: ROWSxNkK and fp16 / bf16 / fp32 (and their aliases)
+        cases = parse_shapes(args.cases)
+        dtype_names = parse_dtypes(args.dtypes)
+    except ValueError as error:
+        parser.error(str(error).replace("--shapes", "--cases"))
+    for n_rows, n, k in cases:
+        if not 1 <= k <= n:
+            parser.error(f"--cases: {n_rows}x{n}k{k} needs 1 <= k <= N")
+    rounds = max(1, args.rounds)
+    source_sha256 = hashlib.sha256(args.vllm_source.read_bytes()).hexdigest()
 
     if not torch.cuda.is_available():
         raise SystemExit("vllm_gating_probe.py needs a CUDA GPU")
@@ -156,8 +146,8 @@ def main() -> None:
           f"{'xSum':>7}  selections")
     rows = []
     differing = 0
-    for dtype_name in args.dtypes.split(","):
-        dtype = getattr(torch, DTYPES[dtype_name])
+    for dtype_name in dtype_names:
+        dtype = DTYPES[dtype_name]
         for n_rows, n, k in cases:
             torch.manual_seed(0)
             x = torch.randn(n_rows, n, device=device, dtype=dtype) * 3

@@ -156,18 +156,19 @@ def test_readme_table_names_each_files_timer_when_they_differ(tmp_path):
 
 
 def test_vllm_probe_reads_router_cases_and_refuses_a_missing_source_before_building(tmp_path, monkeypatch, capsys):
+    from softmax_ops._bench_cases import parse_shapes  # the probe parses its cases with the bench's parser
+
     probe = load_tool("vllm_gating_probe")
-    assert probe.parse_case("16384x160k6") == (16384, 160, 6)
-    assert [probe.parse_case(c) for c in probe.DEFAULT_CASES.split(",")][-1] == (16384, 160, 6)
-    for bad in ("16384x160", "16384k6", "ax64k6"):
-        with pytest.raises(ValueError, match="ROWSxNkK"):
-            probe.parse_case(bad)
-    for bad in ("16384x64k0", "16384x64k65", "0x64k6"):  # k outside 1..N, no rows: refused before any build
+    assert parse_shapes(probe.DEFAULT_CASES)[-1] == (16384, 160, 6)
+    refusals = {"16384x160": "1 <= k <= N", "16384k6": "ROWSxNkK", "ax64k6": "ROWSxNkK", "16384x64k0": "1 <= k <= N",
+                "16384x64k65": "1 <= k <= N", "0x64k6": "ROWSxNkK"}
+    for bad, message in refusals.items():  # refused before any build
         monkeypatch.setattr(sys, "argv", ["vllm_gating_probe.py", "--vllm-source", __file__, "--cases", bad])
         with pytest.raises(SystemExit) as exit_info:
             probe.main()
         assert exit_info.value.code == 2
-        assert "1 <= k <= N" in capsys.readouterr().err
+        error = capsys.readouterr().err
+        assert message in error and "--cases" in error, error
     missing = tmp_path / "topk_softmax_kernels.cu"
     monkeypatch.setattr(sys, "argv", ["vllm_gating_probe.py", "--vllm-source", str(missing)])
     with pytest.raises(SystemExit) as exit_info:

@@ -936,8 +936,7 @@ FEW_LEAN_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (None, 20
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES[1:3] + FORWARD_DTYPES[4:], ids=FORWARD_DTYPE_IDS[1:3] +
-                         FORWARD_DTYPE_IDS[4:])
+@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in LEAN_DTYPES if p[0] != torch.float32])
 @pytest.mark.parametrize("rows,n", FEW_LEAN_FORWARD_SHAPES)
 def test_few_16bit_forward_rows_on_the_lean_instance(rows, n, in_dtype, out_dtype, op):
     shape = (sm_count() - 1 if rows is None else rows, n)

@@ -882,9 +882,9 @@ class Chooser {
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && !g_.peel;  // any result dtype (BackwardPairs)
     const bool few_rows = g_.rows < props_.sm_count;
-    const bool few_short_forward = few_rows && !p_.backward && g_.in_bytes == 2 &&
-                                   g_.n_packs >= Heuristics::kLeanFewForwardMinPacks &&
-                                   g_.n_packs <= Heuristics::kLeanMinPacks;
+    // Few 16-bit forward rows of up to kLeanMinPacks packs; min_packs below holds them to kLeanFewForwardMinPacks.
+    const bool few_short_forward =
+        few_rows && !p_.backward && g_.in_bytes == 2 && g_.n_packs <= Heuristics::kLeanMinPacks;
     if (few_rows && !few_short_forward &&
         !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
