@@ -918,7 +918,8 @@ def test_lean_block_rows_backward_special_values(dtype, n, op):
 def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
     """Few rows of 1-2K columns, every dtype pair: the dispatcher's own plan, a CTA per row. 16-bit rows: fewer
     than SMs on the lean instance, 2 packs per thread (since session 38), 132-264 rows of 129-255 packs spread over
-    one pack per thread (spread_small_rows); float32 rows: more packs per thread."""
+    one pack per thread (spread_small_rows); float32 rows: fewer than SMs on the lean instance's two-pack form (since
+    session 39), 200 and 264 rows more packs per thread."""
     x = make_input(shape, in_dtype, seed=shape[0])
     if in_dtype != torch.float64:
         line = softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
@@ -943,6 +944,23 @@ def test_few_16bit_forward_rows_on_the_lean_instance(rows, n, in_dtype, out_dtyp
     assert "lean instance" in softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
     assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=n), -1, out_dtype)).all()
     out = check_forward(op, special_rows_in_front(shape, in_dtype), -1, out_dtype)
+    assert torch.isnan(out[0]).all()  # a NaN in the row
+
+
+# Few float32 forward rows of 128-512 packs (512-2048 columns, fewer rows than SMs): a CTA per row of the lean
+# instance's 2-pack float32 form (lean_rows, session 39): both ends of the range, rows whose last pack's threads hold
+# padding (520, 1000, 1996), one row fewer than SMs (None); random rows, then special_rows in front.
+FEW_LEAN_FLOAT_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (3, 1536), (5, 1996), (None, 2048)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("rows,n", FEW_LEAN_FLOAT_FORWARD_SHAPES)
+def test_few_float32_forward_rows_on_the_lean_instance(rows, n, op):
+    shape = (sm_count() - 1 if rows is None else rows, n)
+    line = softmax_ops.explain(shape, torch.float32, op=op)
+    assert "lean instance" in line and "2 pack(s) per thread" in line, line
+    assert torch.isfinite(check_forward(op, make_input(shape, torch.float32, seed=n))).all()
+    out = check_forward(op, special_rows_in_front(shape, torch.float32))
     assert torch.isnan(out[0]).all()  # a NaN in the row
 
 

@@ -153,7 +153,7 @@ def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(sha
     ((200, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster (H200)
     ((128, 2048), torch.float16, "block_onepass", 2),  # fewer rows than SMs: the lean instance (session 38)
     ((128, 1024), torch.float16, "block_onepass", 2),
-    ((128, 1024), torch.float32, "warp", None),
+    ((128, 1024), torch.float32, "block_onepass", 2),  # fewer float32 rows than SMs: the lean instance (session 39)
     ((2048, 2048), torch.float16, "block_onepass", 2),  # many rows of 256 packs: the lean instance
 ])
 def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs):
@@ -181,7 +181,6 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
     ((64, 511), torch.float16, None, "kernel warp:"),        # peeled, a body of 63 packs
     ((64, 2055), torch.float16, torch.float32, "lean"),      # peeled, a body of 256 packs
     ((64, 2063), torch.float16, None, "8 pack(s) per thread"),  # peeled, a body of 257 packs
-    ((128, 1024), torch.float32, None, "kernel warp:"),      # float32 rows: not measured, the warp kernel
 ])
 def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, dtype, out_dtype, plan, op):
     line = plan_line(shape, dtype, op, out_dtype)
@@ -189,6 +188,28 @@ def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(sh
     if plan == "lean":
         body = shape[1] // 8 * 8  # peeled rows: the aligned body's packs
         threads = -(-(body // 8) // 2 // 32) * 32  # 2 packs of 8 per thread, whole warps
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
+        assert "2 pack(s) per thread" in line, line
+    else:
+        assert plan in line, line
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,plan", [
+    ((128, 1024), "lean"),                 # 256 packs of 4: a CTA of 128 threads x 2 packs per row
+    ((1, 512), "lean"),                    # 128 packs, the fewest
+    ((64, 508), "kernel warp:"),           # 127 packs: the warp kernel
+    ((100, 1000), "lean"),                 # 250 packs: the last pack's threads hold padding
+    ((131, 2048), "lean"),                 # 512 packs, one row fewer than SMs
+    ((8, 2052), "8 pack(s) per thread"),   # 513 packs: a CTA per row of the 64-register instance
+    ((132, 1024), "8 pack(s) per thread"),  # a row per SM: the lean instance's float form
+    ((64, 1001), "kernel warp:"),          # rows that break packs: not measured, the warp kernel peeled
+])
+def test_few_float32_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, plan, op):
+    line = plan_line(shape, torch.float32, op)
+    assert ("lean instance" in line) == (plan == "lean" or shape[0] >= SM_COUNT), line
+    if plan == "lean":
+        threads = -(-(shape[1] // 4) // 2 // 32) * 32  # 2 packs of 4 per thread, whole warps
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert "2 pack(s) per thread" in line, line
     else:

@@ -29,11 +29,9 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The streaming grid instance: one register bucket per (op, vector width).
         constexpr bool kCanStream =
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
-        // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_reg_packs).
-        constexpr int kInBytes = sizeof(typename Op::In);
+        // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_instance).
         constexpr bool kBackward = Op::kStreams == 2;
-        constexpr bool kCanLean = kVec > 1 && (kRegPacks == lean_reg_packs(kInBytes, kBackward, false) ||
-                                               kRegPacks == lean_reg_packs(kInBytes, kBackward, true));
+        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks);
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
         // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_instance).
         constexpr bool kCanPeel =

@@ -121,6 +121,16 @@ struct Heuristics {
   // 1024 -9%, 100 x 1000 -7%, 1 x 1024 -10 / -12%, 128 x 2048 -13 / -11%, 8 x 2048 -13 / -12%, 128 x 1001 -8%, 32 x 512
   // -5 / -6%; log_softmax -2..-11%; 2048 x 1024 -1%. Shorter rows, float32 rows and 132-264 rows were not measured.
   static constexpr int64_t kLeanFewForwardMinPacks = 64;
+  // Few float32 forward rows (fewer than SMs) of kLeanFewFloatMinPacks..kLeanFewFloatMaxPacks whole packs (512-2048
+  // columns) take the lean instance's two-pack form, a CTA per row of 64-256 threads, where the warp kernel held rows
+  // of up to 1024 columns in one warp at 4-8 packs per lane and the 64-register instance longer rows at 8 packs per
+  // thread in CTAs of 64 threads or fewer. H100, session 39 call 1 (three rounds in turns, us, every new round below
+  // every base round; *session39-c1-compare-lean-few-float-forward.txt*): softmax 128 x 1024 6.0-6.2 -> 5.3-5.6, 64 x
+  // 512 -6%, 100 x 1000 -10%, 131 x 2048 (block before) 6.9-7.0 -> 5.9-6.0, 1 x 1024 -15%, 8 x 2048 -17%, 64 x 1536
+  // -17%, 32 x 512 -5%, 1 x 512 -7%; log_softmax -5..-15% on the same shapes; 2048 x 1024 (many rows: the float form
+  // in both) 0.0%. Shorter and longer rows and peeled rows were not measured.
+  static constexpr int64_t kLeanFewFloatMinPacks = 128;
+  static constexpr int64_t kLeanFewFloatMaxPacks = 512;
   // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
   // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
   // warp kernel (1024) and the 64-register instance (1280-2044), softmax / log_softmax: 2048 x 1024 -6.0 / -5.2%,
@@ -869,6 +879,9 @@ class Chooser {
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
   //
+  // Fewer float32 forward rows than SMs of 128-512 packs (512-2048 columns) take its two-pack form (session 39,
+  // kLeanFewFloatMinPacks).
+  //
   // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
   // fewer packs measured 1-75% slower, *session17-c4-*), with the row max first and each exp(x - max) taken
@@ -885,7 +898,10 @@ class Chooser {
     // Few 16-bit forward rows of up to kLeanMinPacks packs; min_packs below holds them to kLeanFewForwardMinPacks.
     const bool few_short_forward =
         few_rows && !p_.backward && g_.in_bytes == 2 && g_.n_packs <= Heuristics::kLeanMinPacks;
-    if (few_rows && !few_short_forward &&
+    // Few float32 forward rows of whole packs up to kLeanFewFloatMaxPacks (min_packs: from kLeanFewFloatMinPacks).
+    const bool few_short_float_forward = few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
+                                         g_.n_packs <= Heuristics::kLeanFewFloatMaxPacks;
+    if (few_rows && !few_short_forward && !few_short_float_forward &&
         !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
     }
@@ -899,15 +915,19 @@ class Chooser {
     if (g_.widening && !few_short_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
-    // online (max, sum) merge); float32 backward streams whatever the result dtype (softmax_launch.h).
-    const bool wide = !p_.backward && g_.n_packs > Heuristics::kLeanWideMinPacks;
-    const int reg_packs = lean_reg_packs(g_.in_bytes, p_.backward, wide);
-    if (reg_packs == 0) return std::nullopt;
+    // online (max, sum) merge), but few short ones 2; the backward 2, whatever its dtypes (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const int64_t min_packs = few_short_forward ? Heuristics::kLeanFewForwardMinPacks
-                              : float_forward   ? Heuristics::kLeanFloatMinPacks
-                              : float_backward  ? Heuristics::kLeanFloatBackwardMinPacks
-                                                : Heuristics::kLeanMinPacks;
+    const bool wide = !p_.backward && !float_forward && g_.n_packs > Heuristics::kLeanWideMinPacks;
+    const LeanForm form = float_forward && !few_short_float_forward ? LeanForm::kFloat
+                          : wide                                   ? LeanForm::kWide
+                                                                   : LeanForm::kTwoPacks;
+    if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
+    const int reg_packs = lean_reg_packs(form);
+    const int64_t min_packs = few_short_forward         ? Heuristics::kLeanFewForwardMinPacks
+                              : few_short_float_forward ? Heuristics::kLeanFewFloatMinPacks
+                              : float_forward           ? Heuristics::kLeanFloatMinPacks
+                              : float_backward          ? Heuristics::kLeanFloatBackwardMinPacks
+                                                        : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "softmax_ops/device_utils.cuh"  // DType (the device helpers are hidden from host compilers)
 
@@ -100,16 +101,29 @@ constexpr int kLeanWideRegPacks = 4;
 // instance's bytes in flight (128 KB per SM), CTAs of up to 256 threads, 4 per SM, <= 64 registers.
 constexpr int kLeanFloatCtaThreads = 256;
 constexpr int kLeanFloatRegPacks = 8;
-// The lean form's register packs for rows of `in_bytes`-byte input streams, or 0 where there is none (float64):
-// the backward (16- or 32-bit streams, whatever its result dtype) kLeanRegPacks; the float32 forward
-// kLeanFloatRegPacks; the 16-bit forward kLeanRegPacks, or kLeanWideRegPacks for `wide` rows (more than
-// kLeanWideMinPacks packs, softmax_dispatch.cpp). The dispatcher plans with it (lean_rows) and
-// softmax_block.cu compiles exactly these instances.
-constexpr int lean_reg_packs(int in_bytes, bool backward, bool wide) {
-  if (in_bytes != 2 && in_bytes != 4) return 0;
-  if (backward) return kLeanRegPacks;
-  if (in_bytes == 4) return kLeanFloatRegPacks;
-  return wide ? kLeanWideRegPacks : kLeanRegPacks;
+// The lean instance's forms. lean_rows (softmax_dispatch.cpp) picks one per plan; softmax_block.cu compiles the
+// instance of every form an op has (lean_instance), and no other.
+enum class LeanForm {
+  kTwoPacks,  // kLeanRegPacks per thread: the backward (16- or 32-bit streams, whatever its result dtype), 16-bit
+              // forward rows, and fewer float32 forward rows than SMs of 512-2048 columns (session 39)
+  kWide,      // kLeanWideRegPacks: 16-bit forward rows of more than kLeanWideMinPacks packs
+  kFloat,     // kLeanFloatRegPacks: float32 forward rows (of at least one row per SM)
+};
+constexpr int lean_reg_packs(LeanForm form) {
+  return form == LeanForm::kWide ? kLeanWideRegPacks : form == LeanForm::kFloat ? kLeanFloatRegPacks : kLeanRegPacks;
+}
+// Whether rows of `in_bytes`-byte input streams have `form` (float64 has none).
+constexpr bool lean_form_exists(int in_bytes, bool backward, LeanForm form) {
+  if (in_bytes != 2 && in_bytes != 4) return false;
+  if (backward || form == LeanForm::kTwoPacks) return form == LeanForm::kTwoPacks;
+  return form == (in_bytes == 4 ? LeanForm::kFloat : LeanForm::kWide);
+}
+// Whether one of those forms holds `reg_packs` per thread: the lean instances softmax_block.cu compiles.
+constexpr bool lean_instance(int in_bytes, bool backward, int reg_packs) {
+  for (LeanForm form : {LeanForm::kTwoPacks, LeanForm::kWide, LeanForm::kFloat}) {
+    if (lean_form_exists(in_bytes, backward, form) && lean_reg_packs(form) == reg_packs) return true;
+  }
+  return false;
 }
 // Launch bounds of the lean instance with PREG register packs.
 constexpr int lean_cta_threads(int reg_packs) {
