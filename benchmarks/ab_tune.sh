@@ -12,7 +12,8 @@
 # OUT_DIR.tar.gz too: the device tool returns only a few files per call.
 #
 # The base tree and the working tree are built at once, each with its own SOFTMAX_OPS_CACHE (the working tree's
-# is NEW_CACHE when set, so that later commands of the call reuse its build). Then the working tree's tune script
+# is NEW_CACHE when set, so that later commands of the call reuse its build; the base tree's BASE_CACHE, so that a
+# second ab_tune.sh against the same base does). Then the working tree's tune script
 # (TUNE, default tune_topk.py; tune_softmax.py works the same way), so that both sides are measured by the same code
 # (but each side's own make_timer: a base from before session 36's events timer is timed with do_bench, and
 # compare_bench.py then says so first), runs on base and new in turns, RUNS times each (default 2):
@@ -44,6 +45,7 @@ side() {
   local name=$1 tree=$2 cache=$work/cache-$1
   shift 2
   [ "$name" = new ] && cache=${NEW_CACHE:-$cache}
+  [ "$name" = base ] && cache=${BASE_CACHE:-$cache}
   (cd "$tree" && SOFTMAX_OPS_CACHE="$cache" PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" "$@")
 }
 

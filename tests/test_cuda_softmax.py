@@ -929,37 +929,38 @@ def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
     check_forward(op, x, -1, out_dtype)
 
 
-# Few 16-bit forward rows of 64-256 packs (512-2048 columns, fewer rows than SMs): a CTA per row of the lean instance,
-# 2 packs per thread (lean_rows, session 38), 16-bit and float32 results, whole rows at both ends of the range, rows
-# whose last pack's threads hold padding, peeled rows; random rows, then special_rows in front. Rows None: one fewer
-# than the device's SMs.
+# Few forward rows of 256-4096 columns (fewer rows than SMs; a float32 result of 16-bit rows: 512-2048 columns): a CTA
+# per row of the lean instance, 2 packs per thread (lean_rows, kLeanFewMinColumns; sessions 38-39). Whole rows at both
+# ends of each range, rows whose last pack's threads hold padding, peeled rows (the aligned body's plan); random rows,
+# then special_rows in front. Rows None: one fewer than the device's SMs.
 FEW_LEAN_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (None, 2048), (64, 1001), (3, 2047)]
+FEW_LEAN_FORWARD_SAME_DTYPE_SHAPES = [(1, 256), (5, 264), (2, 263), (4, 4096), (None, 3000), (64, 4095)]
+FEW_LEAN_FORWARD_CASES = [(in_dtype, out_dtype, rows, n) for in_dtype, out_dtype in LEAN_DTYPES
+                          for rows, n in FEW_LEAN_FORWARD_SHAPES] + [
+    (dtype, None, rows, n) for dtype in (torch.float16, torch.bfloat16, torch.float32)
+    for rows, n in FEW_LEAN_FORWARD_SAME_DTYPE_SHAPES]
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("in_dtype,out_dtype", [p for p in LEAN_DTYPES if p[0] != torch.float32])
-@pytest.mark.parametrize("rows,n", FEW_LEAN_FORWARD_SHAPES)
-def test_few_16bit_forward_rows_on_the_lean_instance(rows, n, in_dtype, out_dtype, op):
+@pytest.mark.parametrize("in_dtype,out_dtype,rows,n", FEW_LEAN_FORWARD_CASES)
+def test_few_forward_rows_on_the_lean_two_pack_form(rows, n, in_dtype, out_dtype, op):
     shape = (sm_count() - 1 if rows is None else rows, n)
-    assert "lean instance" in softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
+    line = softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
+    assert "lean instance" in line and "2 pack(s) per thread" in line, line
     assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=n), -1, out_dtype)).all()
     out = check_forward(op, special_rows_in_front(shape, in_dtype), -1, out_dtype)
     assert torch.isnan(out[0]).all()  # a NaN in the row
 
 
-# Few float32 forward rows of 128-512 packs (512-2048 columns, fewer rows than SMs): a CTA per row of the lean
-# instance's 2-pack float32 form (lean_rows, session 39): both ends of the range, rows whose last pack's threads hold
-# padding (520, 1000, 1996), one row fewer than SMs (None); random rows, then special_rows in front.
-FEW_LEAN_FLOAT_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (3, 1536), (5, 1996), (None, 2048)]
-
-
+# Many float32 rows of 512-1024 columns whose two-pack CTAs fit in one wave (lean_rows, kLeanOneWaveFloatMinPacks;
+# session 39): 128 and 256 packs, padding (1000), one whole wave of 128-thread CTAs (16 per SM).
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("rows,n", FEW_LEAN_FLOAT_FORWARD_SHAPES)
-def test_few_float32_forward_rows_on_the_lean_instance(rows, n, op):
-    shape = (sm_count() - 1 if rows is None else rows, n)
+@pytest.mark.parametrize("rows,n", [(1000, 1000), (2048, 1024), (None, 1024), (600, 512), (200, 772)])
+def test_float32_rows_of_one_wave_on_the_lean_two_pack_form(rows, n, op):
+    shape = (16 * sm_count() if rows is None else rows, n)
     line = softmax_ops.explain(shape, torch.float32, op=op)
     assert "lean instance" in line and "2 pack(s) per thread" in line, line
-    assert torch.isfinite(check_forward(op, make_input(shape, torch.float32, seed=n))).all()
+    check_forward(op, make_input(shape, torch.float32, seed=n))
     out = check_forward(op, special_rows_in_front(shape, torch.float32))
     assert torch.isnan(out[0]).all()  # a NaN in the row
 

@@ -78,13 +78,13 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 6152), torch.bfloat16, True),     # 769 packs: the wide form
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
-    ((100, 4096), torch.float16, False),      # fewer rows than SMs
+    ((100, 8192), torch.float16, False),      # fewer rows than SMs, of more than 4096 columns
     ((2048, 2048), torch.float32, True),      # float32: 512 .. 2048 packs of 4, 8 per thread
     ((4096, 4096), torch.float32, True),
     ((2048, 8192), torch.float32, True),
     ((2048, 1536), torch.float32, True),
-    ((2048, 1024), torch.float32, True),      # 256 packs: before the warp kernel
-    ((2048, 1020), torch.float32, False),     # 255 packs: the warp kernel
+    ((4096, 1024), torch.float32, True),      # 256 packs: before the warp kernel (more than a wave of two-pack CTAs)
+    ((4096, 1020), torch.float32, False),     # 255 packs: the warp kernel
     ((2048, 8196), torch.float32, False),     # 2049 packs: more than 256 threads x 8
     ((2048, 4096), torch.float64, False),
 ])
@@ -163,31 +163,50 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
         assert f"{packs} pack(s) per thread" in line, line
 
 
+FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,dtype,out_dtype,plan", [
-    ((128, 1024), torch.float16, None, "lean"),              # 128 packs: a CTA of 64 threads x 2 packs per row
-    ((1, 512), torch.bfloat16, None, "lean"),                # 64 packs, the fewest
-    ((128, 504), torch.float16, None, "kernel warp:"),       # 63 packs: the warp kernel
-    ((128, 504), torch.float16, torch.float32, "kernel warp:"),
-    ((131, 2048), torch.bfloat16, None, "lean"),             # 256 packs, one row fewer than SMs
-    ((132, 1024), torch.float16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
-    ((132, 1024), torch.float16, torch.float32, "kernel warp:"),
-    ((131, 2040), torch.float16, None, "lean"),
-    ((132, 2040), torch.bfloat16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
-    ((8, 2056), torch.float16, None, "8 pack(s) per thread"),  # 257 packs: a CTA per row of the 64-register instance
-    ((100, 1000), torch.float16, torch.float32, "lean"),     # float32 results of 16-bit rows too
-    ((64, 1001), torch.bfloat16, None, "lean"),              # peeled rows, the body's plan
-    ((64, 513), torch.float16, None, "lean"),                # peeled, a body of 64 packs
-    ((64, 511), torch.float16, None, "kernel warp:"),        # peeled, a body of 63 packs
-    ((64, 2055), torch.float16, torch.float32, "lean"),      # peeled, a body of 256 packs
-    ((64, 2063), torch.float16, None, "8 pack(s) per thread"),  # peeled, a body of 257 packs
+    ((128, 1024), FP16, None, "lean"),              # 128 packs: a CTA of 64 threads x 2 packs per row
+    ((1, 256), BF16, None, "lean"),                 # 32 packs, the fewest (256 columns)
+    ((128, 248), FP16, None, "kernel warp:"),       # 31 packs: the warp kernel
+    ((131, 4096), BF16, None, "lean"),              # 512 packs, one row fewer than SMs
+    ((8, 4104), FP16, None, "8 pack(s) per thread"),  # 513 packs: a CTA per row of the 64-register instance
+    ((132, 1024), FP16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
+    ((131, 2040), FP16, None, "lean"),
+    ((132, 2040), BF16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
+    ((64, 1001), BF16, None, "lean"),               # peeled rows, the body's plan
+    ((64, 263), FP16, None, "lean"),                # peeled, a body of 32 packs
+    ((64, 255), FP16, None, "kernel warp:"),        # peeled, a body of 31 packs
+    ((64, 4095), FP16, None, "lean"),               # peeled, a body of 511 packs
+    ((64, 4111), FP16, None, "8 pack(s) per thread"),  # peeled, a body of 513 packs
+    ((100, 1000), FP16, FP32, "lean"),              # float32 results of 16-bit rows: 512-2048 columns
+    ((1, 512), BF16, FP32, "lean"),
+    ((128, 504), FP16, FP32, "kernel warp:"),       # 63 packs
+    ((64, 2055), FP16, FP32, "lean"),               # peeled, a body of 256 packs
+    ((8, 2056), FP16, FP32, "8 pack(s) per thread"),  # 257 packs
+    ((64, 2063), FP16, FP32, "8 pack(s) per thread"),  # peeled, a body of 257 packs
+    ((128, 1024), FP32, None, "lean"),              # float32: 256 packs of 4, a CTA of 128 threads x 2 packs
+    ((1, 256), FP32, None, "lean"),                 # 64 packs, the fewest (256 columns)
+    ((64, 252), FP32, None, "kernel warp:"),        # 63 packs
+    ((100, 1000), FP32, None, "lean"),              # 250 packs: the last pack's threads hold padding
+    ((131, 4096), FP32, None, "lean"),              # 1024 packs: 512 threads
+    ((8, 4100), FP32, None, "kernel cluster_onepass:"),  # 1025 packs: a cluster per row
+    ((132, 1024), FP32, None, "lean"),              # a row per SM: one wave of two-pack CTAs (below)
+    ((64, 1001), FP32, None, "lean"),               # peeled, a body of 250 packs
+    ((8, 2047), FP32, None, "lean"),
 ])
-def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, dtype, out_dtype, plan, op):
+def test_few_forward_rows_of_256_to_4096_columns_take_the_lean_two_pack_form(shape, dtype, out_dtype, plan, op):
+    """softmax_dispatch.cpp, kLeanFewMinColumns: fewer rows than SMs of 256-4096 columns (16-bit: 32-512 packs,
+    float32: 64-1024; a float32 result of 16-bit rows: 512-2048 columns), whole or peeled, take a CTA per row of
+    the lean instance at 2 packs per thread (sessions 38-39)."""
     line = plan_line(shape, dtype, op, out_dtype)
     assert ("lean instance" in line) == (plan == "lean"), line
     if plan == "lean":
-        body = shape[1] // 8 * 8  # peeled rows: the aligned body's packs
-        threads = -(-(body // 8) // 2 // 32) * 32  # 2 packs of 8 per thread, whole warps
+        vec = 16 // dtype.itemsize
+        packs = shape[1] // vec  # peeled rows: the aligned body's packs
+        threads = -(-packs // 2 // 32) * 32  # 2 packs per thread, whole warps
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert "2 pack(s) per thread" in line, line
     else:
@@ -196,28 +215,32 @@ def test_few_16bit_forward_rows_of_512_to_2048_columns_take_the_lean_instance(sh
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,plan", [
-    ((128, 1024), "lean"),                 # 256 packs of 4: a CTA of 128 threads x 2 packs per row
-    ((1, 512), "lean"),                    # 128 packs, the fewest
-    ((64, 508), "kernel warp:"),           # 127 packs: the warp kernel
-    ((100, 1000), "lean"),                 # 250 packs: the last pack's threads hold padding
-    ((131, 2048), "lean"),                 # 512 packs, one row fewer than SMs
-    ((8, 2052), "8 pack(s) per thread"),   # 513 packs: a CTA per row of the 64-register instance
-    ((132, 1024), "8 pack(s) per thread"),  # a row per SM: the lean instance's float form
-    ((64, 1001), "kernel warp:"),          # rows that break packs: not measured, the warp kernel peeled
+    ((1000, 1000), "lean"),                    # 250 packs: CTAs of 128 threads, 16 per SM: 2112 rows a wave
+    ((2048, 1024), "lean"),                    # 256 packs
+    ((2112, 1024), "lean"),                    # one whole wave
+    ((2113, 1024), "8 pack(s) per thread"),    # more: the float form, CTAs of one warp
+    ((2113, 1000), "kernel warp:"),            # more, of fewer than 256 packs: the warp kernel
+    ((4224, 512), "lean"),                     # 128 packs: CTAs of 64 threads, 32 per SM
+    ((4225, 512), "kernel warp:"),
+    ((4096, 508), "kernel warp:"),             # 127 packs
+    ((2048, 1028), "8 pack(s) per thread"),    # 257 packs: the float form
+    ((1000, 1001), "kernel warp:"),            # rows that break packs: not measured, the warp kernel peeled
 ])
-def test_few_float32_forward_rows_of_512_to_2048_columns_take_the_lean_instance(shape, plan, op):
-    line = plan_line(shape, torch.float32, op)
-    assert ("lean instance" in line) == (plan == "lean" or shape[0] >= SM_COUNT), line
+def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, op):
+    """softmax_dispatch.cpp, kLeanOneWaveFloatMinPacks: many float32 rows of 128-256 whole packs (512-1024 columns)
+    take the two-pack form where its CTAs fit on the device at once (session 39; 4096 x 1000 measured slower)."""
+    line = plan_line(shape, FP32, op)
     if plan == "lean":
-        threads = -(-(shape[1] // 4) // 2 // 32) * 32  # 2 packs of 4 per thread, whole warps
-        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
-        assert "2 pack(s) per thread" in line, line
+        threads = -(-(shape[1] // 4) // 2 // 32) * 32
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line
+        assert "2 pack(s) per thread" in line and "lean instance" in line, line
     else:
         assert plan in line, line
+        assert ("lean instance" in line) == (plan == "8 pack(s) per thread"), line
 
 
 @pytest.mark.parametrize("rows,n,lanes,threads", [
-    (128, 504, 32, 32),     # one row per warp: 128 CTAs of one warp, not 32 of four (63 packs: under the lean's 64)
+    (132, 1024, 32, 32),    # one row per warp: 132 CTAs of one warp, not 33 of four (a row per SM: not the lean's few)
     (300, 1024, 32, 64),    # 150 CTAs of two warps
     (1000, 1024, 32, 128),  # enough rows for CTAs of four warps on every SM
     (2000, 96, 4, 32),      # 8 rows per warp (4 lanes each): 250 warps -> CTAs of one warp

@@ -109,28 +109,39 @@ struct Heuristics {
   // log_softmax 0.82 / 0.83 -> 0.93 / 0.92, 4096 x 8192 +0.06..+0.10; but 2048 x 6144 (768 packs) softmax
   // 0.90 / 0.90 -> 0.86 / 0.88.
   static constexpr int64_t kLeanWideMinPacks = 768;
-  // Few 16-bit forward rows (fewer than SMs) of kLeanFewForwardMinPacks..kLeanMinPacks packs (512-2048 columns) take
-  // the lean instance too, a CTA per row of 2 packs per thread (32-128 threads), where the warp kernel held a row in
-  // one warp at 2-4 packs per lane and spread_small_rows 256 threads of one pack: the row's exponentials spread over
-  // more of the SM's schedulers. H100, session 38 call 3 (three rounds in turns, us, same-dtype fp16 / bf16, every new
-  // round at or below every base round but two; *session38-c3-compare-lean-few-forward-rows.txt*): softmax 128 x 1024
-  // 5.5-5.7 -> 5.2-5.4, 64 x 1024 -4 / -6%, 100 x 1000 -4 / -5%, 1 x 1024 -5 / -7%, 128 x 2048 (spread before) 6.0-6.4
-  // -> 5.4-5.9, 8 x 2048 -11%, 128 x 1001 (peeled) 6.0-6.2 -> 5.3-5.5, 32 x 512 -2%; log_softmax -2..-13% on the same
-  // shapes; 2048 x 1024 (many rows, the warp kernel in both) -1%. Float32 results of 16-bit rows, call 4 (the same
-  // protocol, *session38-c4-compare-lean-few-forward-rows-widening.txt*): softmax 128 x 1024 5.8-6.0 -> 5.3-5.5, 64 x
-  // 1024 -9%, 100 x 1000 -7%, 1 x 1024 -10 / -12%, 128 x 2048 -13 / -11%, 8 x 2048 -13 / -12%, 128 x 1001 -8%, 32 x 512
-  // -5 / -6%; log_softmax -2..-11%; 2048 x 1024 -1%. Shorter rows, float32 rows and 132-264 rows were not measured.
-  static constexpr int64_t kLeanFewForwardMinPacks = 64;
-  // Few float32 forward rows (fewer than SMs) of kLeanFewFloatMinPacks..kLeanFewFloatMaxPacks whole packs (512-2048
-  // columns) take the lean instance's two-pack form, a CTA per row of 64-256 threads, where the warp kernel held rows
-  // of up to 1024 columns in one warp at 4-8 packs per lane and the 64-register instance longer rows at 8 packs per
-  // thread in CTAs of 64 threads or fewer. H100, session 39 call 1 (three rounds in turns, us, every new round below
-  // every base round; *session39-c1-compare-lean-few-float-forward.txt*): softmax 128 x 1024 6.0-6.2 -> 5.3-5.6, 64 x
-  // 512 -6%, 100 x 1000 -10%, 131 x 2048 (block before) 6.9-7.0 -> 5.9-6.0, 1 x 1024 -15%, 8 x 2048 -17%, 64 x 1536
-  // -17%, 32 x 512 -5%, 1 x 512 -7%; log_softmax -5..-15% on the same shapes; 2048 x 1024 (many rows: the float form
-  // in both) 0.0%. Shorter and longer rows and peeled rows were not measured.
-  static constexpr int64_t kLeanFewFloatMinPacks = 128;
-  static constexpr int64_t kLeanFewFloatMaxPacks = 512;
+  // Few forward rows (fewer than SMs, 16-bit or float32, whole or peeled) of kLeanFewMinColumns..kLeanFewMaxColumns
+  // columns (16-bit: 32-512 packs, float32: 64-1024; the aligned body of a peeled row) take the lean instance's
+  // two-pack form, a CTA per row of up to 512 threads, where the warp kernel held a row in one warp at 2-8 packs per
+  // lane (one of the SM's four schedulers), spread_small_rows 256 threads of one pack, the 64-register instance 8
+  // packs per thread in CTAs of 32-128 threads, and clusters split float32 rows of 16 KB: the row's loads and
+  // exponentials spread over more of the SM. H100, three rounds in turns each (us; every new round at or below every
+  // base round unless noted):
+  // - session 38 call 3, 16-bit rows of 64-256 packs, same dtype (*session38-c3-compare-lean-few-forward-rows.txt*):
+  //   softmax 128 x 1024 5.5-5.7 -> 5.2-5.4, 1 x 1024 -5 / -7%, 128 x 2048 (spread before) 6.0-6.4 -> 5.4-5.9, 8 x
+  //   2048 -11%, 128 x 1001 (peeled) -11%, 32 x 512 -2%; log_softmax -2..-13%; call 4, float32 results
+  //   (*session38-c4-compare-lean-few-forward-rows-widening.txt*): 128 x 1024 5.8-6.0 -> 5.3-5.5, 8 x 2048 -13 / -12%;
+  // - session 39 call 1, float32 rows of 128-512 whole packs (*session39-c1-compare-lean-few-float-forward.txt*):
+  //   softmax 128 x 1024 6.0-6.2 -> 5.3-5.6, 131 x 2048 6.9-7.0 -> 5.9-6.0, 8 x 2048 -17%, 64 x 1536 -17%, 64 x 512
+  //   -6%; log_softmax -5..-15%;
+  // - session 39 call 2, the rest of the range (*session39-c2-compare-lean-two-pack-ranges.txt*): 16-bit 257-512
+  //   packs (the 64-register instance before) softmax fp16 / bf16 8 x 4096 7.3-7.5 -> 5.2-5.3 / -26%, 64 x 3000 -28 /
+  //   -26%, 131 x 4096 -27 / -25%, 64 x 4095 (peeled) -32 / -32%; 32-63 packs (the warp kernel) 128 x 256 -2 / -4%,
+  //   128 x 384 -2 / -2% (rounds overlapping), 1 x 256 -7 / -9%; log_softmax -24..-34% and -1..-6%; float32 513-1024
+  //   packs 8 x 4096 (a cluster of 8 before) -9%, 131 x 4096 8.1-8.3 -> 6.9-7.1, 64 x 3000 -11%; peeled 8 x 2047
+  //   -19%, 64 x 1001 -6%, 100 x 999 -7%; 64-127 packs 128 x 384 -2%, 64 x 256 -1%, 1 x 256 -1% (the last two's
+  //   rounds overlapping); log_softmax -2..-18%; float32 rows of 32 packs (128 x 128) +0.6 / -0.3%: not taken.
+  // Rows with a float32 result of 16-bit rows were measured at 512-2048 columns only (kLeanFewWidening*Columns).
+  static constexpr int64_t kLeanFewMinColumns = 256;
+  static constexpr int64_t kLeanFewMaxColumns = 4096;
+  static constexpr int64_t kLeanFewWideningMinColumns = 512;
+  static constexpr int64_t kLeanFewWideningMaxColumns = 2048;
+  // Many float32 rows (at least one per SM) of kLeanOneWaveFloatMinPacks..kLeanFloatMinPacks whole packs (512-1024
+  // columns) take the two-pack form too where its CTAs fit on the device at once (one wave), instead of the warp
+  // kernel (255 packs or fewer) or the float form's 8 packs per thread in one-warp CTAs (256). H100, session 39 call
+  // 2 (as above): softmax / log_softmax 1000 x 1000 8.4-8.6 -> 7.9-8.1 / -5.8%, 2048 x 1024 -1.5 / -0.7%, 2048 x 512
+  // -1.9 / -2.3%, 132 x 1024 -2.7 / -3.7% (softmax rounds overlapping on the last two); but over two waves or more:
+  // 4096 x 1000 +4.3 / +3.8%, 16384 x 1024 +2.4 / +2.2%, 8192 x 768 -0.3 / -1.4%, 16384 x 512 +0.3 / +0.2%.
+  static constexpr int64_t kLeanOneWaveFloatMinPacks = 128;
   // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
   // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
   // warp kernel (1024) and the 64-register instance (1280-2044), softmax / log_softmax: 2048 x 1024 -6.0 / -5.2%,
@@ -857,7 +868,7 @@ class Chooser {
   }
 
   // Softmax and log_softmax of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
-  // SM; since session 38 also fewer rows of 512-2048 columns, kLeanFewForwardMinPacks): a CTA per row of
+  // SM; since sessions 38-39 also fewer rows of 256-4096 columns, kLeanFewMinColumns): a CTA per row of
   // ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept in registers (the lean
   // instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
@@ -879,8 +890,8 @@ class Chooser {
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
   //
-  // Fewer float32 forward rows than SMs of 128-512 packs (512-2048 columns) take its two-pack form (session 39,
-  // kLeanFewFloatMinPacks).
+  // Fewer forward rows than SMs of 256-4096 columns (kLeanFewMinColumns), and many float32 rows of 512-1024 columns
+  // that fit in one wave (kLeanOneWaveFloatMinPacks), take the two-pack form (sessions 38-39).
   //
   // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
@@ -895,13 +906,19 @@ class Chooser {
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && !g_.peel;  // any result dtype (BackwardPairs)
     const bool few_rows = g_.rows < props_.sm_count;
-    // Few 16-bit forward rows of up to kLeanMinPacks packs; min_packs below holds them to kLeanFewForwardMinPacks.
+    // Few forward rows of kLeanFewMinColumns..kLeanFewMaxColumns, and many float32 rows of 128-256 whole packs that
+    // fit in one wave: the two-pack form (float64 has no lean form: lean_form_exists below).
+    const int64_t columns = g_.n_packs * g_.vec;  // a peeled row's aligned body
     const bool few_short_forward =
-        few_rows && !p_.backward && g_.in_bytes == 2 && g_.n_packs <= Heuristics::kLeanMinPacks;
-    // Few float32 forward rows of whole packs up to kLeanFewFloatMaxPacks (min_packs: from kLeanFewFloatMinPacks).
-    const bool few_short_float_forward = few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
-                                         g_.n_packs <= Heuristics::kLeanFewFloatMaxPacks;
-    if (few_rows && !few_short_forward && !few_short_float_forward &&
+        few_rows && !p_.backward &&
+        columns >= (g_.widening ? Heuristics::kLeanFewWideningMinColumns : Heuristics::kLeanFewMinColumns) &&
+        columns <= (g_.widening ? Heuristics::kLeanFewWideningMaxColumns : Heuristics::kLeanFewMaxColumns);
+    const bool one_wave_float_forward =
+        !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
+        g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
+        g_.rows <= props_.sm_count * (props_.max_threads_per_sm / round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
+    const bool two_pack_forward = few_short_forward || one_wave_float_forward;
+    if (few_rows && !few_short_forward &&
         !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
     }
@@ -911,29 +928,31 @@ class Chooser {
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
     // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured), and not
-    // fewer rows than SMs of 64-256 packs (few_short_forward: the lean instance measured faster, session 38).
+    // fewer rows than SMs of 512-2048 columns (few_short_forward: the lean instance measured faster, session 38).
     if (g_.widening && !few_short_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
-    // online (max, sum) merge), but few short ones 2; the backward 2, whatever its dtypes (softmax_launch.h).
+    // online (max, sum) merge); the two-pack rows above and the backward, whatever its dtypes: 2 (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const bool wide = !p_.backward && !float_forward && g_.n_packs > Heuristics::kLeanWideMinPacks;
-    const LeanForm form = float_forward && !few_short_float_forward ? LeanForm::kFloat
-                          : wide                                   ? LeanForm::kWide
-                                                                   : LeanForm::kTwoPacks;
+    const LeanForm form = two_pack_forward || p_.backward                  ? LeanForm::kTwoPacks
+                          : float_forward                                  ? LeanForm::kFloat
+                          : g_.n_packs > Heuristics::kLeanWideMinPacks     ? LeanForm::kWide
+                                                                           : LeanForm::kTwoPacks;
     if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const int64_t min_packs = few_short_forward         ? Heuristics::kLeanFewForwardMinPacks
-                              : few_short_float_forward ? Heuristics::kLeanFewFloatMinPacks
-                              : float_forward           ? Heuristics::kLeanFloatMinPacks
-                              : float_backward          ? Heuristics::kLeanFloatBackwardMinPacks
-                                                        : Heuristics::kLeanMinPacks;
-    if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
+    const int64_t min_packs = float_forward    ? Heuristics::kLeanFloatMinPacks
+                              : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
+                                               : Heuristics::kLeanMinPacks;
+    if ((!two_pack_forward && g_.n_packs < min_packs) || g_.n_packs > lean_max_row_packs(reg_packs)) {
+      return std::nullopt;
+    }
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const std::string rows = few_rows ? "fewer rows than SMs, each too small to split, of " : "many rows of ";
+    const std::string rows = few_rows                 ? "fewer rows than SMs, of "
+                             : one_wave_float_forward ? "rows whose CTAs fit in one wave, of "
+                                                      : "many rows of ";
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
                               std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
@@ -955,7 +974,7 @@ class Chooser {
   // each. H200, 2026-11-22, softmax xCopy warp -> spread: 37 x 2048 fp16 0.69 -> 0.87, bf16 0.67 -> 0.78;
   // 128 x 2048 fp16 0.78 -> 0.89, bf16 0.77 -> 0.90. With 4 packs per lane or fp32 rows the warp kernel
   // was as fast or faster (128 x 1024 fp16 0.85 vs 0.77, 264 x 512 fp16 0.96 vs 0.81, fp32 0.91 vs 0.83).
-  // Since session 38 fewer rows than SMs take the lean instance first (lean_rows, kLeanFewForwardMinPacks), so this
+  // Since session 38 fewer rows than SMs take the lean instance first (lean_rows, kLeanFewMinColumns), so this
   // plan runs 132-264 rows of 129-255 packs.
   std::optional<SoftmaxChoice> spread_small_rows() {
     if (g_.vec == 1 || g_.peel || !few_small_rows_to_spread()) return std::nullopt;
