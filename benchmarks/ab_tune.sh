@@ -12,8 +12,8 @@
 # OUT_DIR.tar.gz too: the device tool returns only a few files per call.
 #
 # The base tree and the working tree are built at once, each with its own SOFTMAX_OPS_CACHE (the working tree's
-# is NEW_CACHE when set, so that later commands of the call reuse its build; the base tree's BASE_CACHE, so that a
-# second ab_tune.sh against the same base does). Then the working tree's tune script
+# is NEW_CACHE when set, so that later commands of the call reuse its build; a directory base's BASE_CACHE, so that
+# a second ab_tune.sh against it, or its own tests, do). Then the working tree's tune script
 # (TUNE, default tune_topk.py; tune_softmax.py works the same way), so that both sides are measured by the same code
 # (but each side's own make_timer: a base from before session 36's events timer is timed with do_bench, and
 # compare_bench.py then says so first), runs on base and new in turns, RUNS times each (default 2):
@@ -32,12 +32,16 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 tune=$repo/benchmarks/${TUNE:-tune_topk.py}
 runs=${RUNS:-2}
 work=$(mktemp -d)
-mkdir -p "$work/base" "$out"
+mkdir -p "$out"
 trap 'tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"' EXIT  # whatever the outcome
+# A directory BASE is used in place: torch's build file names its sources by absolute path, so a build cache
+# (BASE_CACHE) is reused only by the same tree at the same place -- a second ab_tune.sh, or the base's own tests.
 if [ -d "$base_rev" ]; then
-  cp -r "$base_rev"/. "$work/base"/ || exit 1
+  base_tree=$(cd "$base_rev" && pwd)
 else
-  git -C "$repo" archive "$base_rev" softmax_ops csrc meta pyproject.toml | tar x -C "$work/base" || exit 1
+  base_tree=$work/base
+  mkdir -p "$base_tree"
+  git -C "$repo" archive "$base_rev" softmax_ops csrc meta pyproject.toml | tar x -C "$base_tree" || exit 1
 fi
 
 # side NAME TREE COMMAND...: COMMAND in TREE with that tree's package and build cache.
@@ -50,12 +54,12 @@ side() {
 }
 
 echo "ab_tune: building $base_rev and the working tree"
-side base "$work/base" python3 -c "import softmax_ops" > "$out/build-base.log" 2>&1 &
+side base "$base_tree" python3 -c "import softmax_ops" > "$out/build-base.log" 2>&1 &
 side new "$repo" python3 -c "import softmax_ops" > "$out/build-new.log" 2>&1 &
 wait
 for i in $(seq 1 "$runs"); do
   for name in base new; do
-    tree=$work/base
+    tree=$base_tree
     [ "$name" = new ] && tree=$repo
     echo "ab_tune: run $i of $runs, $name"
     side "$name" "$tree" python3 "$tune" "$@" --json "$out/$name$i.json" > "$out/$name$i.txt" 2>&1 \

@@ -929,24 +929,28 @@ def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
     check_forward(op, x, -1, out_dtype)
 
 
-# Few forward rows of 256-4096 columns (fewer rows than SMs; a float32 result of 16-bit rows: 512-2048 columns): a CTA
-# per row of the lean instance, 2 packs per thread (lean_rows, kLeanFewMinColumns; sessions 38-39). Whole rows at both
-# ends of each range, rows whose last pack's threads hold padding, peeled rows (the aligned body's plan); random rows,
-# then special_rows in front. Rows None: one fewer than the device's SMs.
-FEW_LEAN_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (None, 2048), (64, 1001), (3, 2047)]
-FEW_LEAN_FORWARD_SAME_DTYPE_SHAPES = [(1, 256), (5, 264), (2, 263), (4, 4096), (None, 3000), (64, 4095)]
+# Few forward rows of 256-8192 columns (fewer rows than SMs; float32 results: 512-8192 columns): a CTA per row of the
+# lean instance, 2 packs per thread up to 512 threads, float32 rows of more than 4096 columns the float form's 8
+# (lean_rows, kLeanFewMinColumns; sessions 38-39). Whole rows at both ends of each range, rows whose last pack's
+# threads hold padding, peeled rows (the aligned body's plan); random rows, then special_rows in front. Rows None:
+# one fewer than the device's SMs.
+FEW_LEAN_FORWARD_SHAPES = [(1, 512), (2, 520), (8, 1000), (128, 1024), (None, 2048), (64, 1001), (3, 2047), (4, 4096),
+                           (None, 3000), (64, 4095), (2, 4104), (8, 6000), (1, 8192), (3, 8191)]
+FEW_LEAN_FORWARD_16BIT_RESULT_SHAPES = [(1, 256), (5, 264), (2, 263), (64, 511)]  # from 256 columns
 FEW_LEAN_FORWARD_CASES = [(in_dtype, out_dtype, rows, n) for in_dtype, out_dtype in LEAN_DTYPES
                           for rows, n in FEW_LEAN_FORWARD_SHAPES] + [
-    (dtype, None, rows, n) for dtype in (torch.float16, torch.bfloat16, torch.float32)
-    for rows, n in FEW_LEAN_FORWARD_SAME_DTYPE_SHAPES]
+    (dtype, None, rows, n) for dtype in (torch.float16, torch.bfloat16) for rows, n in FEW_LEAN_FORWARD_16BIT_RESULT_SHAPES]
 
 
 @pytest.mark.parametrize("op", list(OPS))
-@pytest.mark.parametrize("in_dtype,out_dtype,rows,n", FEW_LEAN_FORWARD_CASES)
-def test_few_forward_rows_on_the_lean_two_pack_form(rows, n, in_dtype, out_dtype, op):
+@pytest.mark.parametrize("in_dtype,out_dtype,rows,n", FEW_LEAN_FORWARD_CASES,
+                         ids=[f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((i, o))]}-{r}x{n}"
+                              for i, o, r, n in FEW_LEAN_FORWARD_CASES])
+def test_few_forward_rows_on_a_lean_cta_per_row(rows, n, in_dtype, out_dtype, op):
     shape = (sm_count() - 1 if rows is None else rows, n)
     line = softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
-    assert "lean instance" in line and "2 pack(s) per thread" in line, line
+    per_thread = 8 if in_dtype == torch.float32 and n > 4096 else 2
+    assert "lean instance" in line and f"{per_thread} pack(s) per thread" in line, line
     assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=n), -1, out_dtype)).all()
     out = check_forward(op, special_rows_in_front(shape, in_dtype), -1, out_dtype)
     assert torch.isnan(out[0]).all()  # a NaN in the row

@@ -78,7 +78,7 @@ def test_many_16bit_rows_prefetch_the_next_row(shape, dtype, prefetched):
     ((2048, 6152), torch.bfloat16, True),     # 769 packs: the wide form
     ((2048, 8200), torch.float16, False),     # 1025 packs: more than 512 threads x 2
     ((2048, 2040), torch.float16, False),     # under 256 packs: the warp kernel
-    ((100, 8192), torch.float16, False),      # fewer rows than SMs, of more than 4096 columns
+    ((100, 8200), torch.float16, False),      # fewer rows than SMs, of more than 8192 columns
     ((2048, 2048), torch.float32, True),      # float32: 512 .. 2048 packs of 4, 8 per thread
     ((4096, 4096), torch.float32, True),
     ((2048, 8192), torch.float32, True),
@@ -172,43 +172,48 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
     ((1, 256), BF16, None, "lean"),                 # 32 packs, the fewest (256 columns)
     ((128, 248), FP16, None, "kernel warp:"),       # 31 packs: the warp kernel
     ((131, 4096), BF16, None, "lean"),              # 512 packs, one row fewer than SMs
-    ((8, 4104), FP16, None, "8 pack(s) per thread"),  # 513 packs: a CTA per row of the 64-register instance
+    ((8, 8192), FP16, None, "lean"),                # 1024 packs: 512 threads, the most
+    ((8, 8200), FP16, None, "kernel cluster_onepass:"),  # 1025 packs: a cluster per row
     ((132, 1024), FP16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
     ((131, 2040), FP16, None, "lean"),
     ((132, 2040), BF16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
     ((64, 1001), BF16, None, "lean"),               # peeled rows, the body's plan
     ((64, 263), FP16, None, "lean"),                # peeled, a body of 32 packs
     ((64, 255), FP16, None, "kernel warp:"),        # peeled, a body of 31 packs
-    ((64, 4095), FP16, None, "lean"),               # peeled, a body of 511 packs
-    ((64, 4111), FP16, None, "8 pack(s) per thread"),  # peeled, a body of 513 packs
-    ((100, 1000), FP16, FP32, "lean"),              # float32 results of 16-bit rows: 512-2048 columns
+    ((64, 8191), FP16, None, "lean"),               # peeled, a body of 1023 packs
+    ((100, 1000), FP16, FP32, "lean"),              # float32 results of 16-bit rows: from 512 columns
     ((1, 512), BF16, FP32, "lean"),
     ((128, 504), FP16, FP32, "kernel warp:"),       # 63 packs
     ((64, 2055), FP16, FP32, "lean"),               # peeled, a body of 256 packs
-    ((8, 2056), FP16, FP32, "8 pack(s) per thread"),  # 257 packs
-    ((64, 2063), FP16, FP32, "8 pack(s) per thread"),  # peeled, a body of 257 packs
+    ((8, 8192), BF16, FP32, "lean"),                # 1024 packs
+    ((64, 8199), FP16, FP32, "lean"),               # peeled, a body of 1024 packs
     ((128, 1024), FP32, None, "lean"),              # float32: 256 packs of 4, a CTA of 128 threads x 2 packs
-    ((1, 256), FP32, None, "lean"),                 # 64 packs, the fewest (256 columns)
-    ((64, 252), FP32, None, "kernel warp:"),        # 63 packs
+    ((1, 512), FP32, None, "lean"),                 # 128 packs, the fewest (512 columns)
+    ((64, 508), FP32, None, "kernel warp:"),        # 127 packs
+    ((2, 263), FP32, None, "kernel warp:"),         # peeled, a body of 65 packs
     ((100, 1000), FP32, None, "lean"),              # 250 packs: the last pack's threads hold padding
     ((131, 4096), FP32, None, "lean"),              # 1024 packs: 512 threads
-    ((8, 4100), FP32, None, "kernel cluster_onepass:"),  # 1025 packs: a cluster per row
+    ((8, 4100), FP32, None, "lean float"),          # 1025 packs: the float form, 8 packs per thread
+    ((3, 8192), FP32, None, "lean float"),          # 2048 packs: 256 threads x 8
+    ((3, 8196), FP32, None, "kernel cluster_onepass:"),  # 2049 packs: a cluster per row
     ((132, 1024), FP32, None, "lean"),              # a row per SM: one wave of two-pack CTAs (below)
     ((64, 1001), FP32, None, "lean"),               # peeled, a body of 250 packs
     ((8, 2047), FP32, None, "lean"),
+    ((32, 8191), FP32, None, "lean float"),         # peeled, a body of 2047 packs
 ])
-def test_few_forward_rows_of_256_to_4096_columns_take_the_lean_two_pack_form(shape, dtype, out_dtype, plan, op):
-    """softmax_dispatch.cpp, kLeanFewMinColumns: fewer rows than SMs of 256-4096 columns (16-bit: 32-512 packs,
-    float32: 64-1024; a float32 result of 16-bit rows: 512-2048 columns), whole or peeled, take a CTA per row of
-    the lean instance at 2 packs per thread (sessions 38-39)."""
+def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, dtype, out_dtype, plan, op):
+    """softmax_dispatch.cpp, kLeanFewMinColumns: fewer rows than SMs of 256-8192 columns (512-8192 for a float32
+    result), whole or peeled, take a CTA per row of the lean instance: 2 packs per thread up to 512 threads, float32
+    rows of more than 1024 packs the float form's 8 (sessions 38-39)."""
     line = plan_line(shape, dtype, op, out_dtype)
-    assert ("lean instance" in line) == (plan == "lean"), line
-    if plan == "lean":
+    assert ("lean instance" in line) == plan.startswith("lean"), line
+    if plan.startswith("lean"):
         vec = 16 // dtype.itemsize
         packs = shape[1] // vec  # peeled rows: the aligned body's packs
-        threads = -(-packs // 2 // 32) * 32  # 2 packs per thread, whole warps
+        per_thread = 8 if plan == "lean float" else 2
+        threads = -(-packs // per_thread // 32) * 32  # whole warps
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
-        assert "2 pack(s) per thread" in line, line
+        assert f"{per_thread} pack(s) per thread" in line, line
     else:
         assert plan in line, line
 

@@ -110,31 +110,37 @@ struct Heuristics {
   // 0.90 / 0.90 -> 0.86 / 0.88.
   static constexpr int64_t kLeanWideMinPacks = 768;
   // Few forward rows (fewer than SMs, 16-bit or float32, whole or peeled) of kLeanFewMinColumns..kLeanFewMaxColumns
-  // columns (16-bit: 32-512 packs, float32: 64-1024; the aligned body of a peeled row) take the lean instance's
-  // two-pack form, a CTA per row of up to 512 threads, where the warp kernel held a row in one warp at 2-8 packs per
-  // lane (one of the SM's four schedulers), spread_small_rows 256 threads of one pack, the 64-register instance 8
-  // packs per thread in CTAs of 32-128 threads, and clusters split float32 rows of 16 KB: the row's loads and
-  // exponentials spread over more of the SM. H100, three rounds in turns each (us; every new round at or below every
-  // base round unless noted):
-  // - session 38 call 3, 16-bit rows of 64-256 packs, same dtype (*session38-c3-compare-lean-few-forward-rows.txt*):
-  //   softmax 128 x 1024 5.5-5.7 -> 5.2-5.4, 1 x 1024 -5 / -7%, 128 x 2048 (spread before) 6.0-6.4 -> 5.4-5.9, 8 x
-  //   2048 -11%, 128 x 1001 (peeled) -11%, 32 x 512 -2%; log_softmax -2..-13%; call 4, float32 results
-  //   (*session38-c4-compare-lean-few-forward-rows-widening.txt*): 128 x 1024 5.8-6.0 -> 5.3-5.5, 8 x 2048 -13 / -12%;
-  // - session 39 call 1, float32 rows of 128-512 whole packs (*session39-c1-compare-lean-few-float-forward.txt*):
-  //   softmax 128 x 1024 6.0-6.2 -> 5.3-5.6, 131 x 2048 6.9-7.0 -> 5.9-6.0, 8 x 2048 -17%, 64 x 1536 -17%, 64 x 512
-  //   -6%; log_softmax -5..-15%;
-  // - session 39 call 2, the rest of the range (*session39-c2-compare-lean-two-pack-ranges.txt*): 16-bit 257-512
-  //   packs (the 64-register instance before) softmax fp16 / bf16 8 x 4096 7.3-7.5 -> 5.2-5.3 / -26%, 64 x 3000 -28 /
-  //   -26%, 131 x 4096 -27 / -25%, 64 x 4095 (peeled) -32 / -32%; 32-63 packs (the warp kernel) 128 x 256 -2 / -4%,
-  //   128 x 384 -2 / -2% (rounds overlapping), 1 x 256 -7 / -9%; log_softmax -24..-34% and -1..-6%; float32 513-1024
-  //   packs 8 x 4096 (a cluster of 8 before) -9%, 131 x 4096 8.1-8.3 -> 6.9-7.1, 64 x 3000 -11%; peeled 8 x 2047
-  //   -19%, 64 x 1001 -6%, 100 x 999 -7%; 64-127 packs 128 x 384 -2%, 64 x 256 -1%, 1 x 256 -1% (the last two's
-  //   rounds overlapping); log_softmax -2..-18%; float32 rows of 32 packs (128 x 128) +0.6 / -0.3%: not taken.
-  // Rows with a float32 result of 16-bit rows were measured at 512-2048 columns only (kLeanFewWidening*Columns).
+  // columns (float32 results: from kLeanFewFloatResultMinColumns; the aligned body of a peeled row) take a CTA per row
+  // of the lean instance: the two-pack form up to 512 threads (16-bit rows of 32-1024 packs, float32 of 128-1024),
+  // the float form's 8 packs beyond (float32 rows of 1025-2048 packs, up to 256 threads). Before, the warp kernel held
+  // a row in one warp at 2-8 packs per lane (one of the SM's four schedulers), spread_small_rows 256 threads of one
+  // pack, the 64-register instance 8 packs per thread in CTAs of 32-128 threads, and clusters split rows of 16 KB or
+  // more: now the row's loads and exponentials spread over more of one SM, with no cluster barrier. H100, three rounds
+  // in turns each (us; every new round below every base round unless noted):
+  // - session 38 calls 3-4, 16-bit rows of 64-256 packs (*session38-c3-compare-lean-few-forward-rows.txt*, float32
+  //   results *-c4-*): softmax 128 x 1024 5.5-5.7 -> 5.2-5.4 (float32 results 5.8-6.0 -> 5.3-5.5), 8 x 2048 -11%
+  //   (-13%), 128 x 1001 (peeled) -11% (-8%); log_softmax -2..-13%;
+  // - session 39 call 1, float32 rows of 128-512 packs (*session39-c1-compare-lean-few-float-forward.txt*): softmax
+  //   128 x 1024 6.0-6.2 -> 5.3-5.6, 131 x 2048 6.9-7.0 -> 5.9-6.0, 8 x 2048 -17%, 64 x 512 -6%; log_softmax -5..-15%;
+  // - session 39 call 2 (*session39-c2-compare-lean-two-pack-ranges.txt*): 16-bit 257-512 packs softmax fp16 / bf16 8 x
+  //   4096 7.3-7.5 -> 5.2-5.3 / -26%, 64 x 3000 -28 / -26%, 131 x 4096 -27 / -25%, 64 x 4095 (peeled) -32 / -32%;
+  //   32-63 packs 128 x 256 -2 / -4%, 1 x 256 -7 / -9%, 128 x 384 -2 / -2% (fp16's rounds overlapping); log_softmax
+  //   -24..-34% and -1..-6%; float32 513-1024 packs 8 x 4096 (a cluster of 8 before) -9%, 131 x 4096 8.1-8.3 ->
+  //   6.9-7.1, 64 x 3000 -11%; peeled 8 x 2047 -19%, 64 x 1001 -6%; log_softmax -9..-18%;
+  // - session 39 call 3 (*session39-c3-compare-lean-few-long-rows-16bit.txt*): 16-bit 513-1024 packs softmax fp16 /
+  //   bf16 8 x 8192 (a cluster of 8 before) 6.2-6.4 -> 5.7-5.9 / -7%, 100 x 8192 (clusters of 2) -11 / -9%, 64 x 6000
+  //   -25 / -24%, 131 x 5000 -22 / -21%, 32 x 8191 (peeled) -27 / -26%; log_softmax -8..-27%;
+  // - session 39 call 4 (*session39-c4-compare-lean-few-long-rows-float32.txt*): float32 1025-2048 packs (the float
+  //   form) 8 x 8192 (a cluster of 16 before) -7%, 100 x 8192 -14%, 64 x 6000 -14%, 131 x 5000 -13%, 32 x 8191 -21%, 8 x
+  //   4104 -11%; float32 results of 16-bit rows 8 x 4096 7.3-7.4 -> 5.4-6.0, 64 x 3000 -25%, 131 x 4096 -23%, 64 x 4095
+  //   -35%, 64 x 6000 -20%, 1 x 256 -5%, 128 x 256 -2% and 8 x 8192 -0.1% (rounds overlapping); log_softmax alike.
+  // float32 results of rows under 512 columns stay as they were (1-6% measured there): the lean sum's float32
+  // roundings (a chain per thread, then a plain tree) reached 2.5e-7 on a 263-column row whose largest probability is
+  // 0.99 (call 4's GPU test), above the tests' bound of twice torch's error (1e-8 there) plus 2e-7. Float32 rows of
+  // 32 packs (128 x 128) measured +0.6 / -0.3%.
   static constexpr int64_t kLeanFewMinColumns = 256;
-  static constexpr int64_t kLeanFewMaxColumns = 4096;
-  static constexpr int64_t kLeanFewWideningMinColumns = 512;
-  static constexpr int64_t kLeanFewWideningMaxColumns = 2048;
+  static constexpr int64_t kLeanFewFloatResultMinColumns = 512;
+  static constexpr int64_t kLeanFewMaxColumns = 8192;
   // Many float32 rows (at least one per SM) of kLeanOneWaveFloatMinPacks..kLeanFloatMinPacks whole packs (512-1024
   // columns) take the two-pack form too where its CTAs fit on the device at once (one wave), instead of the warp
   // kernel (255 packs or fewer) or the float form's 8 packs per thread in one-warp CTAs (256). H100, session 39 call
@@ -868,7 +874,7 @@ class Chooser {
   }
 
   // Softmax and log_softmax of many 16-bit rows of 2048-8192 columns (16-byte packs, at least one row per
-  // SM; since sessions 38-39 also fewer rows of 256-4096 columns, kLeanFewMinColumns): a CTA per row of
+  // SM; since sessions 38-39 also fewer rows of 256-8192 columns, kLeanFewMinColumns): a CTA per row of
   // ceil(packs / 2) threads with 2 register packs each, exp(x - max) taken once and kept in registers (the lean
   // instance, exp_once_rows). H200, 2026-11-22: the 64-register instance (8 packs per
   // thread, row prefetch, each exponential taken twice) gave 2048 x 4096 fp16 0.73-0.76 of copy, 2048 x 8192
@@ -890,8 +896,9 @@ class Chooser {
   // copy, log_softmax_backward 0.94-0.95 -> 0.97-0.98; float32 (*session7-ab5-*.json) 2048 x 1024 0.85-0.91 ->
   // 0.99-1.02, 2048 x 2048 log_softmax_backward 0.88-0.91 -> 1.00, 4096 x 4096 0.95 -> 0.98-0.99.
   //
-  // Fewer forward rows than SMs of 256-4096 columns (kLeanFewMinColumns), and many float32 rows of 512-1024 columns
-  // that fit in one wave (kLeanOneWaveFloatMinPacks), take the two-pack form (sessions 38-39).
+  // Fewer forward rows than SMs of 256-8192 columns (kLeanFewMinColumns), and many float32 rows of 512-1024 columns
+  // that fit in one wave (kLeanOneWaveFloatMinPacks), take the two-pack form, or float32 rows of 4097-8192 columns in
+  // fewer rows the float form (sessions 38-39).
   //
   // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
@@ -906,19 +913,18 @@ class Chooser {
     if (props_.cc_major < 9 || g_.vec == 1) return std::nullopt;
     const bool float_backward = p_.backward && g_.in_bytes == 4 && !g_.peel;  // any result dtype (BackwardPairs)
     const bool few_rows = g_.rows < props_.sm_count;
-    // Few forward rows of kLeanFewMinColumns..kLeanFewMaxColumns, and many float32 rows of 128-256 whole packs that
-    // fit in one wave: the two-pack form (float64 has no lean form: lean_form_exists below).
+    // Few forward rows of kLeanFewMinColumns..kLeanFewMaxColumns (kLeanFewFloatResultMinColumns for a float32 result),
+    // and many float32 rows of 128-256 whole packs that fit in one wave (float64 has no lean form: lean_form_exists).
     const int64_t columns = g_.n_packs * g_.vec;  // a peeled row's aligned body
-    const bool few_short_forward =
-        few_rows && !p_.backward &&
-        columns >= (g_.widening ? Heuristics::kLeanFewWideningMinColumns : Heuristics::kLeanFewMinColumns) &&
-        columns <= (g_.widening ? Heuristics::kLeanFewWideningMaxColumns : Heuristics::kLeanFewMaxColumns);
+    const bool float_result = g_.in_bytes == 4 || g_.widening;
+    const bool few_forward =
+        few_rows && !p_.backward && columns <= Heuristics::kLeanFewMaxColumns &&
+        columns >= (float_result ? Heuristics::kLeanFewFloatResultMinColumns : Heuristics::kLeanFewMinColumns);
     const bool one_wave_float_forward =
         !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
         g_.rows <= props_.sm_count * (props_.max_threads_per_sm / round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
-    const bool two_pack_forward = few_short_forward || one_wave_float_forward;
-    if (few_rows && !few_short_forward &&
+    if (few_rows && !few_forward &&
         !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
     }
@@ -928,24 +934,26 @@ class Chooser {
     // 2048 x 2048 -19 / -2%, 65536 x 1536 (8 packs per thread in the 64-register instance before) -10 / -7%;
     // log_softmax alike.
     // Not the few rows spread_small_rows would take from the warp kernel (132-264 rows: not measured), and not
-    // fewer rows than SMs of 512-2048 columns (few_short_forward: the lean instance measured faster, session 38).
-    if (g_.widening && !few_short_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
+    // fewer rows than SMs of 512-8192 columns (few_forward: the lean instance measured faster, sessions 38-39).
+    if (g_.widening && !few_forward && warp_takes_rows() && !few_small_rows_to_spread()) return std::nullopt;
     // 16-bit forward rows of more than kLeanWideMinPacks packs: the wide form, 4 packs per thread; float32
     // forward rows: the float form, 8 packs per thread (the 64-register instance's CTA shape, without its
-    // online (max, sum) merge); the two-pack rows above and the backward, whatever its dtypes: 2 (softmax_launch.h).
+    // online (max, sum) merge); the backward, whatever its dtypes, and the few and one-wave rows above: 2, where
+    // 512 threads hold the row (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const LeanForm form = two_pack_forward || p_.backward                  ? LeanForm::kTwoPacks
-                          : float_forward                                  ? LeanForm::kFloat
-                          : g_.n_packs > Heuristics::kLeanWideMinPacks     ? LeanForm::kWide
-                                                                           : LeanForm::kTwoPacks;
+    const bool two_packs_hold = g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
+    const LeanForm form = p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
+                          : few_forward                         ? (two_packs_hold ? LeanForm::kTwoPacks : LeanForm::kFloat)
+                          : float_forward                       ? LeanForm::kFloat
+                          : g_.n_packs > Heuristics::kLeanWideMinPacks ? LeanForm::kWide
+                                                                       : LeanForm::kTwoPacks;
     if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const int64_t min_packs = float_forward    ? Heuristics::kLeanFloatMinPacks
-                              : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
-                                               : Heuristics::kLeanMinPacks;
-    if ((!two_pack_forward && g_.n_packs < min_packs) || g_.n_packs > lean_max_row_packs(reg_packs)) {
-      return std::nullopt;
-    }
+    const int64_t min_packs = few_forward || one_wave_float_forward ? 1  // their ranges are checked above
+                              : float_forward                       ? Heuristics::kLeanFloatMinPacks
+                              : float_backward                      ? Heuristics::kLeanFloatBackwardMinPacks
+                                                                    : Heuristics::kLeanMinPacks;
+    if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;

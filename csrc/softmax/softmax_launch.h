@@ -105,9 +105,9 @@ constexpr int kLeanFloatRegPacks = 8;
 // instance of every form an op has (lean_instance), and no other.
 enum class LeanForm {
   kTwoPacks,  // kLeanRegPacks per thread: the backward (16- or 32-bit streams, whatever its result dtype), 16-bit
-              // forward rows, and fewer float32 forward rows than SMs of 512-2048 columns (session 39)
-  kWide,      // kLeanWideRegPacks: 16-bit forward rows of more than kLeanWideMinPacks packs
-  kFloat,     // kLeanFloatRegPacks: float32 forward rows (of at least one row per SM)
+              // forward rows, float32 forward rows of few rows (up to 4096 columns) or of one wave (session 39)
+  kWide,      // kLeanWideRegPacks: many 16-bit forward rows of more than kLeanWideMinPacks packs
+  kFloat,     // kLeanFloatRegPacks: other float32 forward rows
 };
 constexpr int lean_reg_packs(LeanForm form) {
   return form == LeanForm::kWide ? kLeanWideRegPacks : form == LeanForm::kFloat ? kLeanFloatRegPacks : kLeanRegPacks;
