@@ -13,7 +13,8 @@
 #
 # The base tree and the working tree are built at once, each with its own SOFTMAX_OPS_CACHE (the working tree's
 # is NEW_CACHE when set, so that later commands of the call reuse its build; a directory base's BASE_CACHE, so that
-# a second ab_tune.sh against it, or its own tests, do). Then the working tree's tune script
+# a second ab_tune.sh against it, or its own tests, do; give both, and OUT_DIR, as absolute paths: each side runs in
+# its own tree). Then the working tree's tune script
 # (TUNE, default tune_topk.py; tune_softmax.py works the same way), so that both sides are measured by the same code
 # (but each side's own make_timer: a base from before session 36's events timer is timed with do_bench, and
 # compare_bench.py then says so first), runs on base and new in turns, RUNS times each (default 2):
@@ -28,7 +29,7 @@ fi
 base_rev=$1
 out=$2
 shift 2
-repo=$(cd "$(dirname "$0")/.." && pwd)
+repo=$(cd -- "$(dirname "$0")/.." >/dev/null && pwd)
 tune=$repo/benchmarks/${TUNE:-tune_topk.py}
 runs=${RUNS:-2}
 work=$(mktemp -d)
@@ -37,7 +38,7 @@ trap 'tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"' EXIT  #
 # A directory BASE is used in place: torch's build file names its sources by absolute path, so a build cache
 # (BASE_CACHE) is reused only by the same tree at the same place -- a second ab_tune.sh, or the base's own tests.
 if [ -d "$base_rev" ]; then
-  base_tree=$(cd "$base_rev" && pwd)
+  base_tree=$(cd -- "$base_rev" >/dev/null && pwd)
 else
   base_tree=$work/base
   mkdir -p "$base_tree"

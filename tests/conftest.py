@@ -28,6 +28,11 @@ def vec16(dtype: torch.dtype) -> int:
     return 16 // torch.empty((), dtype=dtype).element_size()
 
 
+def whole_warps(threads: int) -> int:
+    """`threads` rounded up to whole warps of 32: a block plan's CTA size."""
+    return -(-threads // 32) * 32
+
+
 # Block kernel limits (csrc/softmax/softmax_launch.h, softmax_dispatch.cpp) the softmax size rules derive from.
 BLOCK_MAX_THREADS = 1024
 SMEM_RESERVE = 2048  # per CTA: static shared memory + the driver's reserve

@@ -785,11 +785,12 @@ def test_automatic_block_kernel_prefetches_next_row(dtype, op):
 
 
 # The lean block instance (softmax of many rows, exp taken once; 16-bit rows of 256..1024 packs with 2 or 4 packs
-# per thread, float32 rows of 256..2048 packs with 8): its bounds and sizes between buckets, every 16-bit input's
-# dtype pairs and float32, softmax and log_softmax.
+# per thread, float32 rows of 256..2048 packs with 8, but 2 for rows of up to 256 packs that fit in one wave): its
+# bounds and sizes between buckets, every 16-bit input's dtype pairs and float32, softmax and log_softmax.
 LEAN_SIZES = [2048, 2056, 4096, 6000, 8184, 8192]
 LEAN_DTYPES = [p for p in FORWARD_DTYPES if p[0] in (torch.float16, torch.bfloat16)] + [(torch.float32, None)]
-# float32 rows take the float form from 256 packs (1024 columns) up.
+# float32 rows take the lean instance from 256 packs (1024 columns) up: lean_rows() rows of 1024 columns fit in one
+# wave (the two-pack form, test_float32_rows_of_one_wave_on_the_lean_two_pack_form), longer ones take the float form.
 LEAN_CASES = [(in_dtype, out_dtype, n) for in_dtype, out_dtype in LEAN_DTYPES for n in LEAN_SIZES] + [
     (torch.float32, None, n) for n in (1024, 1028, 1536, 2044)]
 
@@ -926,6 +927,9 @@ def test_automatic_small_rows_spread_over_a_cta(shape, in_dtype, out_dtype, op):
         assert "kernel block_onepass" in line, line
         if in_dtype != torch.float32:
             assert ("lean instance" if shape[0] < sm_count() else "1 pack(s) per thread") in line, line
+        else:
+            packs = "2 pack(s)" if shape[0] < sm_count() else "8 pack(s)"  # 200 / 264 rows: the float form
+            assert "lean instance" in line and packs in line, line
     check_forward(op, x, -1, out_dtype)
 
 
@@ -947,26 +951,53 @@ FEW_LEAN_FORWARD_CASES = [(in_dtype, out_dtype, rows, n) for in_dtype, out_dtype
                          ids=[f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((i, o))]}-{r}x{n}"
                               for i, o, r, n in FEW_LEAN_FORWARD_CASES])
 def test_few_forward_rows_on_a_lean_cta_per_row(rows, n, in_dtype, out_dtype, op):
-    shape = (sm_count() - 1 if rows is None else rows, n)
+    per_thread = 8 if in_dtype == torch.float32 and n // 4 > 1024 else 2  # the float form beyond 1024 packs
+    check_lean_rows((sm_count() - 1 if rows is None else rows, n), in_dtype, out_dtype, op, per_thread)
+
+
+def check_lean_rows(shape, in_dtype, out_dtype, op, per_thread) -> None:
+    """`shape` runs the lean instance at `per_thread` packs per thread (explain); random rows give finite results
+    within the accuracy bound, and special_rows in front (a NaN in the first) theirs."""
     line = softmax_ops.explain(shape, in_dtype, op=op, out_dtype=out_dtype)
-    per_thread = 8 if in_dtype == torch.float32 and n > 4096 else 2
     assert "lean instance" in line and f"{per_thread} pack(s) per thread" in line, line
-    assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=n), -1, out_dtype)).all()
+    assert torch.isfinite(check_forward(op, make_input(shape, in_dtype, seed=shape[1]), -1, out_dtype)).all()
     out = check_forward(op, special_rows_in_front(shape, in_dtype), -1, out_dtype)
     assert torch.isnan(out[0]).all()  # a NaN in the row
 
 
 # Many float32 rows of 512-1024 columns whose two-pack CTAs fit in one wave (lean_rows, kLeanOneWaveFloatMinPacks;
-# session 39): 128 and 256 packs, padding (1000), one whole wave of 128-thread CTAs (16 per SM).
+# session 39): 128 and 256 packs, padding (1000), one whole wave of 128-thread CTAs (16 per SM); one row more than
+# that wave: the float form, 8 packs in CTAs of one warp.
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("rows,n", [(1000, 1000), (2048, 1024), (None, 1024), (600, 512), (200, 772)])
 def test_float32_rows_of_one_wave_on_the_lean_two_pack_form(rows, n, op):
-    shape = (16 * sm_count() if rows is None else rows, n)
-    line = softmax_ops.explain(shape, torch.float32, op=op)
-    assert "lean instance" in line and "2 pack(s) per thread" in line, line
-    check_forward(op, make_input(shape, torch.float32, seed=n))
-    out = check_forward(op, special_rows_in_front(shape, torch.float32))
-    assert torch.isnan(out[0]).all()  # a NaN in the row
+    check_lean_rows((16 * sm_count() if rows is None else rows, n), torch.float32, None, op, 2)
+
+
+@pytest.mark.parametrize("op", list(OPS))
+def test_float32_rows_of_1024_columns_over_a_wave_on_the_float_form(op):
+    check_lean_rows((16 * sm_count() + 1, 1024), torch.float32, None, op, 8)
+
+
+# Rows whose largest probability is near 1 (one logit 6 above the rest's max, or the float32 2 x 263 input of session
+# 39 call 4, largest probability 0.989): the output there is about 1 / sum, so the float32 roundings of the sum show
+# undiluted. Call 4 measured 2.5e-7 on 2 x 263 through the lean two-pack form, over the bound (twice torch's 1e-8 plus
+# 2e-7); that row runs the warp kernel now (1.1e-7, call 5). Float32 results on the lean plans of few rows (512-8192
+# columns) and of one wave, and on the warp kernel.
+DOMINANT_CASES = [(torch.float32, None, shape) for shape in [(2, 512), (2, 1000), (4, 4096), (3, 4103), (2, 8192),
+                                                             (300, 1000), (2, 263), (64, 256)]] + [
+    (dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16) for shape in [(2, 512), (4, 4096),
+                                                                                              (2, 8192)]]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype,shape", DOMINANT_CASES,
+                         ids=[f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((i, o))]}-{r}x{n}" for i, o, (r, n) in DOMINANT_CASES])
+def test_float32_results_of_rows_with_a_dominant_element(shape, in_dtype, out_dtype, op):
+    x = make_input(shape, torch.float64, seed=shape[1], device="cpu")
+    if shape != (2, 263):  # session 39's failing input as it was
+        x[:, 7] = x.amax(dim=1) + 6.0
+    check_forward(op, x.to(in_dtype).cuda(), -1, out_dtype)
 
 
 @pytest.mark.parametrize("backward", [False, True])

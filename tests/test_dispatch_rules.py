@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import block_capacity_packs, max_block_reg_packs, plan_line, register_packs, vec16
+from conftest import block_capacity_packs, max_block_reg_packs, plan_line, register_packs, vec16, whole_warps
 
 import softmax_ops
 
@@ -143,7 +143,7 @@ def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(sha
     line = plan_line(shape, torch.float32, op, input_dtype)
     assert ("lean instance" in line) == lean, line
     if lean:
-        threads = -(-shape[1] // 4 // 2 // 32) * 32  # 2 packs of 4 per thread, whole warps
+        threads = whole_warps(-(-shape[1] // 4 // 2))  # 2 packs of 4 per thread
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert "2 pack(s) per thread" in line, line
 
@@ -181,19 +181,25 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
     ((64, 263), FP16, None, "lean"),                # peeled, a body of 32 packs
     ((64, 255), FP16, None, "kernel warp:"),        # peeled, a body of 31 packs
     ((64, 8191), FP16, None, "lean"),               # peeled, a body of 1023 packs
+    ((8, 8201), FP16, None, "kernel cluster_onepass:"),  # peeled, a body of 1025 packs
     ((100, 1000), FP16, FP32, "lean"),              # float32 results of 16-bit rows: from 512 columns
     ((1, 512), BF16, FP32, "lean"),
     ((128, 504), FP16, FP32, "kernel warp:"),       # 63 packs
     ((64, 2055), FP16, FP32, "lean"),               # peeled, a body of 256 packs
     ((8, 8192), BF16, FP32, "lean"),                # 1024 packs
     ((64, 8199), FP16, FP32, "lean"),               # peeled, a body of 1024 packs
+    ((8, 8200), FP16, FP32, "kernel cluster_onepass:"),  # 1025 packs
     ((128, 1024), FP32, None, "lean"),              # float32: 256 packs of 4, a CTA of 128 threads x 2 packs
     ((1, 512), FP32, None, "lean"),                 # 128 packs, the fewest (512 columns)
     ((64, 508), FP32, None, "kernel warp:"),        # 127 packs
     ((2, 263), FP32, None, "kernel warp:"),         # peeled, a body of 65 packs
+    ((64, 511), FP32, None, "kernel warp:"),        # peeled, a body of 127 packs
+    ((64, 515), FP32, None, "lean"),                # peeled, a body of 128 packs
     ((100, 1000), FP32, None, "lean"),              # 250 packs: the last pack's threads hold padding
     ((131, 4096), FP32, None, "lean"),              # 1024 packs: 512 threads
     ((8, 4100), FP32, None, "lean float"),          # 1025 packs: the float form, 8 packs per thread
+    ((8, 4099), FP32, None, "lean"),                # peeled, a body of 1024 packs: 512 threads x 2
+    ((8, 4103), FP32, None, "lean float"),          # peeled, a body of 1025 packs
     ((3, 8192), FP32, None, "lean float"),          # 2048 packs: 256 threads x 8
     ((3, 8196), FP32, None, "kernel cluster_onepass:"),  # 2049 packs: a cluster per row
     ((132, 1024), FP32, None, "lean"),              # a row per SM: one wave of two-pack CTAs (below)
@@ -208,10 +214,9 @@ def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, 
     line = plan_line(shape, dtype, op, out_dtype)
     assert ("lean instance" in line) == plan.startswith("lean"), line
     if plan.startswith("lean"):
-        vec = 16 // dtype.itemsize
-        packs = shape[1] // vec  # peeled rows: the aligned body's packs
+        packs = shape[1] // vec16(dtype)  # peeled rows: the aligned body's packs
         per_thread = 8 if plan == "lean float" else 2
-        threads = -(-packs // per_thread // 32) * 32  # whole warps
+        threads = whole_warps(-(-packs // per_thread))
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert f"{per_thread} pack(s) per thread" in line, line
     else:
@@ -229,6 +234,9 @@ def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, 
     ((4225, 512), "kernel warp:"),
     ((4096, 508), "kernel warp:"),             # 127 packs
     ((2048, 1028), "8 pack(s) per thread"),    # 257 packs: the float form
+    ((2772, 768), "lean"),                     # 192 packs: CTAs of 96 threads, 21 per SM: 2772 rows a wave
+    ((2773, 768), "kernel warp:"),
+    ((132, 2048), "8 pack(s) per thread"),     # 512 packs: the float form
     ((1000, 1001), "kernel warp:"),            # rows that break packs: not measured, the warp kernel peeled
 ])
 def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, op):
@@ -236,7 +244,7 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
     take the two-pack form where its CTAs fit on the device at once (session 39; 4096 x 1000 measured slower)."""
     line = plan_line(shape, FP32, op)
     if plan == "lean":
-        threads = -(-(shape[1] // 4) // 2 // 32) * 32
+        threads = whole_warps(-(-(shape[1] // 4) // 2))
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line
         assert "2 pack(s) per thread" in line and "lean instance" in line, line
     else:

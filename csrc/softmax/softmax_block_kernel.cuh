@@ -336,9 +336,10 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   }
 }
 
-// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns, and of fewer 16-bit rows than SMs of 512-2048
-// columns: a CTA per row, kLeanRegPacks or kLeanWideRegPacks packs per thread; float32 rows of 1-8K columns:
-// kLeanFloatRegPacks): the row max first, then exp(x - max) ONCE per element, kept in float registers for the sum
+// kLean (softmax and log_softmax of many 16-bit rows of 2-8K columns and of fewer rows than SMs of 256-8192 columns:
+// a CTA per row, kLeanRegPacks or kLeanWideRegPacks packs per thread; float32 rows of 1-8K columns: kLeanFloatRegPacks,
+// or kLeanRegPacks for few rows and rows of one wave, softmax_dispatch.cpp lean_rows): the row max first, then
+// exp(x - max) ONCE per element, kept in float registers for the sum
 // and the output (log_softmax keeps the packed inputs instead, its output (x - max) - log(sum) needs no exponential).
 // The online (max, sum) form of the other instances takes each exponential twice (sum, then output): at 16
 // bits that second MUFU + FADD + FMUL per element is what separated softmax (2048 x 4096 fp16 0.76 of copy on

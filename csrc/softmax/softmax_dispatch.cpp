@@ -116,7 +116,7 @@ struct Heuristics {
   // a row in one warp at 2-8 packs per lane (one of the SM's four schedulers), spread_small_rows 256 threads of one
   // pack, the 64-register instance 8 packs per thread in CTAs of 32-128 threads, and clusters split rows of 16 KB or
   // more: now the row's loads and exponentials spread over more of one SM, with no cluster barrier. H100, three rounds
-  // in turns each (us; every new round below every base round unless noted):
+  // in turns each (us; percentages of the means; the files list every round, which overlap on some small changes):
   // - session 38 calls 3-4, 16-bit rows of 64-256 packs (*session38-c3-compare-lean-few-forward-rows.txt*, float32
   //   results *-c4-*): softmax 128 x 1024 5.5-5.7 -> 5.2-5.4 (float32 results 5.8-6.0 -> 5.3-5.5), 8 x 2048 -11%
   //   (-13%), 128 x 1001 (peeled) -11% (-8%); log_softmax -2..-13%;
@@ -128,16 +128,20 @@ struct Heuristics {
   //   -24..-34% and -1..-6%; float32 513-1024 packs 8 x 4096 (a cluster of 8 before) -9%, 131 x 4096 8.1-8.3 ->
   //   6.9-7.1, 64 x 3000 -11%; peeled 8 x 2047 -19%, 64 x 1001 -6%; log_softmax -9..-18%;
   // - session 39 call 3 (*session39-c3-compare-lean-few-long-rows-16bit.txt*): 16-bit 513-1024 packs softmax fp16 /
-  //   bf16 8 x 8192 (a cluster of 8 before) 6.2-6.4 -> 5.7-5.9 / -7%, 100 x 8192 (clusters of 2) -11 / -9%, 64 x 6000
+  //   bf16 8 x 8192 (a cluster of 8 before) 6.2-6.4 -> 5.7-5.9 / -7%, 100 x 8192 (clusters of 8) -11 / -9%, 64 x 6000
   //   -25 / -24%, 131 x 5000 -22 / -21%, 32 x 8191 (peeled) -27 / -26%; log_softmax -8..-27%;
   // - session 39 call 4 (*session39-c4-compare-lean-few-long-rows-float32.txt*): float32 1025-2048 packs (the float
   //   form) 8 x 8192 (a cluster of 16 before) -7%, 100 x 8192 -14%, 64 x 6000 -14%, 131 x 5000 -13%, 32 x 8191 -21%, 8 x
-  //   4104 -11%; float32 results of 16-bit rows 8 x 4096 7.3-7.4 -> 5.4-6.0, 64 x 3000 -25%, 131 x 4096 -23%, 64 x 4095
-  //   -35%, 64 x 6000 -20%, 1 x 256 -5%, 128 x 256 -2% and 8 x 8192 -0.1% (rounds overlapping); log_softmax alike.
-  // float32 results of rows under 512 columns stay as they were (1-6% measured there): the lean sum's float32
-  // roundings (a chain per thread, then a plain tree) reached 2.5e-7 on a 263-column row whose largest probability is
-  // 0.99 (call 4's GPU test), above the tests' bound of twice torch's error (1e-8 there) plus 2e-7. Float32 rows of
-  // 32 packs (128 x 128) measured +0.6 / -0.3%.
+  //   4104 -11%; float32 results of float16 rows (bfloat16 was not timed beyond 2048 columns) 8 x 4096 7.3-7.4 ->
+  //   5.4-6.0, 64 x 3000 -25%, 131 x 4096 -23%, 64 x 4095 -35%, 64 x 6000 -20%, 1 x 256 -5%, 128 x 256 -2% and 8 x
+  //   8192 -0.1% (the last two's rounds overlapping); log_softmax alike.
+  // float32 results of rows under 512 columns stay as they were (0.7-6% faster measured there): the lean sum's float32
+  // roundings (a chain per thread, then a plain butterfly) reached 2.5e-7 on a 263-column float32 row whose largest
+  // probability is 0.99 (call 4's GPU test), above the tests' bound of twice torch's error (1e-8 there) plus 2e-7; the
+  // warp kernel gave 1.1e-7 on that row (call 5). The cut at 512 columns does not remove that risk: a 512-column row
+  // runs the same CTA shape, and the sum's error depends on the row's largest probability, not its length (float32
+  // emulation: up to 1.7e-7 on random rows of 263-4096 columns). Their GPU tests pass; the compensated sum that would
+  // close it is notes-softmax-tuning.md's session 39 Next 1. Float32 rows of 32 packs (128 x 128) measured +0.6 / -0.3%.
   static constexpr int64_t kLeanFewMinColumns = 256;
   static constexpr int64_t kLeanFewFloatResultMinColumns = 512;
   static constexpr int64_t kLeanFewMaxColumns = 8192;
@@ -145,11 +149,12 @@ struct Heuristics {
   // columns) take the two-pack form too where its CTAs fit on the device at once (one wave), instead of the warp
   // kernel (255 packs or fewer) or the float form's 8 packs per thread in one-warp CTAs (256). H100, session 39 call
   // 2 (as above): softmax / log_softmax 1000 x 1000 8.4-8.6 -> 7.9-8.1 / -5.8%, 2048 x 1024 -1.5 / -0.7%, 2048 x 512
-  // -1.9 / -2.3%, 132 x 1024 -2.7 / -3.7% (softmax rounds overlapping on the last two); but over two waves or more:
-  // 4096 x 1000 +4.3 / +3.8%, 16384 x 1024 +2.4 / +2.2%, 8192 x 768 -0.3 / -1.4%, 16384 x 512 +0.3 / +0.2%.
+  // -1.9 / -2.3%, 132 x 1024 -2.7 / -3.7% (rounds overlapping or tied on the last three); but over more than one
+  // wave: 4096 x 1000 +4.3 / +3.8%, 16384 x 1024 +2.4 / +2.2%, 8192 x 768 -0.3 / -1.4%, 16384 x 512 +0.3 / +0.2%.
   static constexpr int64_t kLeanOneWaveFloatMinPacks = 128;
   // float32 forward rows from this many packs (1024 columns) take the lean instance's float form (see
-  // lean_rows), before the warp kernel would. H100, session 17 call 9, three interleaved runs against the
+  // lean_rows), before the warp kernel would (but rows of exactly this many that fit in one wave: the two-pack form,
+  // kLeanOneWaveFloatMinPacks). H100, session 17 call 9, three interleaved runs against the
   // warp kernel (1024) and the 64-register instance (1280-2044), softmax / log_softmax: 2048 x 1024 -6.0 / -5.2%,
   // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
   // (*session17-c9-compare-lean-float-short.txt*).
