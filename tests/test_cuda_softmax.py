@@ -46,6 +46,11 @@ FORWARD_DTYPES = [
 ]
 FORWARD_DTYPE_IDS = ["f32", "f16", "bf16", "f64", "f16->f32", "bf16->f32"]
 
+
+def forward_case_id(in_dtype, out_dtype, rows, n) -> str:
+    """A readable test id for a (dtype pair, rows x n) case, e.g. "f16->f32-8x4096"."""
+    return f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((in_dtype, out_dtype))]}-{rows}x{n}"
+
 # (input dtype of the forward, dtype= of the forward): the backward then reads the output's dtype and
 # writes the input's: same dtype, float32 -> float16/bfloat16 (direct), and float16 -> float32 (cast after).
 BACKWARD_DTYPES = [
@@ -948,8 +953,7 @@ FEW_LEAN_FORWARD_CASES = [(in_dtype, out_dtype, rows, n) for in_dtype, out_dtype
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype,rows,n", FEW_LEAN_FORWARD_CASES,
-                         ids=[f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((i, o))]}-{r}x{n}"
-                              for i, o, r, n in FEW_LEAN_FORWARD_CASES])
+                         ids=[forward_case_id(*case) for case in FEW_LEAN_FORWARD_CASES])
 def test_few_forward_rows_on_a_lean_cta_per_row(rows, n, in_dtype, out_dtype, op):
     per_thread = 8 if in_dtype == torch.float32 and n // 4 > 1024 else 2  # the float form beyond 1024 packs
     check_lean_rows((sm_count() - 1 if rows is None else rows, n), in_dtype, out_dtype, op, per_thread)
@@ -992,7 +996,7 @@ DOMINANT_CASES = [(torch.float32, None, shape) for shape in [(2, 512), (2, 1000)
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype,shape", DOMINANT_CASES,
-                         ids=[f"{FORWARD_DTYPE_IDS[FORWARD_DTYPES.index((i, o))]}-{r}x{n}" for i, o, (r, n) in DOMINANT_CASES])
+                         ids=[forward_case_id(i, o, *shape) for i, o, shape in DOMINANT_CASES])
 def test_float32_results_of_rows_with_a_dominant_element(shape, in_dtype, out_dtype, op):
     x = make_input(shape, torch.float64, seed=shape[1], device="cpu")
     if shape != (2, 263):  # session 39's failing input as it was

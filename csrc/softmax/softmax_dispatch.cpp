@@ -373,10 +373,17 @@ Geometry geometry_of(const SoftmaxRequest& request, RowView view = RowView::kNat
   return g;
 }
 
+// Threads of a CTA that holds `packs` packs at `reg_packs` per thread: whole warps.
+int64_t cta_threads(int64_t packs, int reg_packs) { return round_up(ceil_div(packs, reg_packs), 32); }
+
+// CTAs of `threads` threads that one SM holds by its thread count (at least one).
+int64_t ctas_per_sm(const DeviceProps& props, int64_t threads) {
+  return std::max<int64_t>(1, props.max_threads_per_sm / threads);
+}
+
 // CTAs launched at most: kGridWaves waves of the CTAs that fit on the device at once.
 int64_t grid_cap(const DeviceProps& props, int threads) {
-  const int64_t per_sm = std::max(1, props.max_threads_per_sm / threads);
-  return std::max<int64_t>(1, props.sm_count * per_sm * Heuristics::kGridWaves);
+  return std::max<int64_t>(1, props.sm_count * ctas_per_sm(props, threads) * Heuristics::kGridWaves);
 }
 
 // ---- kernel plans ---------------------------------------------------------------------------------
@@ -471,7 +478,7 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
   // kBody view spreads too, and peel_few_rows runs such a plan peeled where softmax_block.cu compiles its bucket.
   if (spread_threads > 0 && g.vec > 1 && !g.peel) {
     for (int reg_packs = 1; reg_packs < g.max_reg_packs; reg_packs *= 2) {
-      const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
+      const int64_t threads = cta_threads(packs, reg_packs);
       if (threads <= spread_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
     }
   }
@@ -479,7 +486,7 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
   // widening groups (Heuristics::kWideningGroupRegPacks) outside the peeled and kBody views.
   const bool runs_peeled = g.peel || g.body;
   const int reg_packs = g.widening && group && !runs_peeled ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
-  const int64_t threads = round_up(ceil_div(packs, reg_packs), 32);
+  const int64_t threads = cta_threads(packs, reg_packs);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
   const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;
   const int64_t smem_bytes = smem_packs * max_threads * g.pack_bytes * g.streams;
@@ -928,7 +935,7 @@ class Chooser {
     const bool one_wave_float_forward =
         !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
-        g_.rows <= props_.sm_count * (props_.max_threads_per_sm / round_up(ceil_div(g_.n_packs, kLeanRegPacks), 32));
+        g_.rows <= props_.sm_count * ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
     if (few_rows && !few_forward &&
         !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
       return std::nullopt;
@@ -959,7 +966,7 @@ class Chooser {
                               : float_backward                      ? Heuristics::kLeanFloatBackwardMinPacks
                                                                     : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
-    const int threads = static_cast<int>(round_up(ceil_div(g_.n_packs, reg_packs), 32));
+    const int threads = static_cast<int>(cta_threads(g_.n_packs, reg_packs));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
