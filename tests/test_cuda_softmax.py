@@ -895,6 +895,34 @@ def test_automatic_lean_block_rows_backward_float32_streams_16bit_result(n, in_d
     check_backward(op, x, -1, torch.float32)
 
 
+# Few backward rows (fewer than SMs) of 512 columns up to the two-pack form's 1024 packs, whole, padded and peeled,
+# and many 16-bit backward rows of 64-255 whole packs whose CTAs fit in one wave (lean_rows: few_backward,
+# one_wave_16bit_backward; session 40). Rows None: one fewer than the device's SMs; rows 0: one wave of 32-thread CTAs
+# (32 per SM).
+FEW_LEAN_BACKWARD_SHAPES = [(1, 512), (5, 520), (2, 519), (128, 1024), (64, 1001), (None, 3000), (8, 4096), (3, 4095)]
+FEW_LEAN_BACKWARD_CASES = (
+    [(dtype, None, shape) for dtype in (torch.float16, torch.bfloat16)
+     for shape in FEW_LEAN_BACKWARD_SHAPES + [(1, 8192), (3, 8191), (1000, 1000), (2048, 1024), (4096, 1000),
+                                              (0, 512)]]
+    + [(torch.float32, None, shape) for shape in FEW_LEAN_BACKWARD_SHAPES]
+    + [(dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16) for shape in FEW_LEAN_BACKWARD_SHAPES])
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype,shape", FEW_LEAN_BACKWARD_CASES,
+                         ids=[forward_case_id(i, o, *shape) for i, o, shape in FEW_LEAN_BACKWARD_CASES])
+def test_backward_rows_on_a_lean_cta_per_row(shape, in_dtype, out_dtype, op):
+    rows = {None: sm_count() - 1, 0: 32 * sm_count()}.get(shape[0], shape[0])
+    shape = (rows, shape[1])
+    streams = out_dtype or in_dtype
+    line = softmax_ops.explain(shape, streams, op=f"{op}_backward", out_dtype=in_dtype if out_dtype else None)
+    assert "lean instance" in line and "2 pack(s) per thread" in line, line
+    check_backward(op, make_input(shape, in_dtype, seed=shape[1] + 5), -1, out_dtype)
+    special = special_rows(shape[1], in_dtype)
+    x = special.repeat(-(-rows // special.shape[0]), 1)[:rows].contiguous()
+    check_backward(op, x, -1, out_dtype)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(20_000, 2048), (5_000, 8192)])
@@ -986,12 +1014,13 @@ def test_float32_rows_of_1024_columns_over_a_wave_on_the_float_form(op):
 # Rows whose largest probability is near 1 (one logit 6 above the rest's max, or the float32 2 x 263 input of session
 # 39 call 4, largest probability 0.989): the output there is about 1 / sum, so the float32 roundings of the sum show
 # undiluted. Call 4 measured 2.5e-7 on 2 x 263 through the lean two-pack form, over the bound (twice torch's 1e-8 plus
-# 2e-7); that row runs the warp kernel now (1.1e-7, call 5). Float32 results on the lean plans of few rows (512-8192
-# columns) and of one wave, and on the warp kernel.
+# 2e-7). Float32 results on every lean form: few rows (256-8192 columns, peeled 2 x 263 too), one wave (300 x 1000),
+# many float32 rows on the float form (2000 x 2048), many 16-bit rows with a float32 result on the two-pack and the
+# wide forms (1000 x 4096, 1000 x 8192).
 DOMINANT_CASES = [(torch.float32, None, shape) for shape in [(2, 512), (2, 1000), (4, 4096), (3, 4103), (2, 8192),
-                                                             (300, 1000), (2, 263), (64, 256)]] + [
-    (dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16) for shape in [(2, 512), (4, 4096),
-                                                                                              (2, 8192)]]
+                                                             (300, 1000), (2, 263), (64, 256), (2000, 2048)]] + [
+    (dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16)
+    for shape in [(4, 300), (2, 512), (4, 4096), (2, 8192), (1000, 4096), (1000, 8192)]]
 
 
 @pytest.mark.parametrize("op", list(OPS))

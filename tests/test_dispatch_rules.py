@@ -105,8 +105,9 @@ def test_many_rows_of_2k_to_8k_take_the_lean_block_instance(shape, dtype, lean):
     ((32768, 2048), torch.float16, True),
     ((2048, 8192), torch.bfloat16, True),     # 1024 packs: 512 threads x 2, no wide form for two streams
     ((2048, 8200), torch.float16, False),     # more than 512 threads x 2
-    ((2048, 2040), torch.float16, False),     # under 256 packs: the 64-register block instance
-    ((100, 4096), torch.float16, False),      # fewer rows than SMs
+    ((2048, 2040), torch.float16, True),      # under 256 packs, but in one wave (session 40: the next test)
+    ((2113, 2040), torch.float16, False),     # ... over one wave of 128-thread CTAs: the 64-register block instance
+    ((100, 4096), torch.float16, True),       # fewer rows than SMs (session 40: the next test)
     ((2048, 4096), torch.float32, True),      # 1024 packs of 4
     ((2048, 1024), torch.float32, True),      # 256 packs of 4
     ((2048, 8192), torch.float32, False),     # 2048 packs
@@ -119,6 +120,44 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
         assert "kernel block_onepass" in line and "2 pack(s) per thread" in line, line
 
 
+# Few backward rows (fewer than SMs: 131) of 512 columns up to 1024 packs, any stream dtype, whole or peeled (the aligned
+# body's columns), and many 16-bit backward rows of 64-255 whole packs whose two-pack CTAs fit in one wave (132 SMs x 32
+# CTAs of up to 32 threads, x 16 of 128 threads): a CTA per row of the lean two-pack form (lean_rows, session 40).
+@pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
+@pytest.mark.parametrize("shape,dtype,input_dtype,lean", [
+    ((131, 512), torch.float16, None, True),        # 64 packs, the shortest
+    ((131, 504), torch.float16, None, False),       # 63 packs: 256 / 384 columns measured even (session 40 call 3)
+    ((131, 519), torch.bfloat16, None, True),       # peeled: a body of 512 columns
+    ((131, 511), torch.float16, None, False),       # peeled: a body of 504
+    ((131, 1001), torch.float16, None, True),       # peeled
+    ((132, 1001), torch.float16, None, False),      # as many rows as SMs, peeled: not the one-wave rule
+    ((131, 8192), torch.bfloat16, None, True),      # 1024 packs: 512 threads x 2
+    ((131, 8200), torch.float16, None, False),      # 1025 packs
+    ((131, 508), torch.float32, None, False),       # float32 streams: 127 packs, 508 columns
+    ((131, 512), torch.float32, None, True),
+    ((131, 519), torch.float32, None, True),        # peeled: a body of 516 columns
+    ((131, 4096), torch.float32, None, True),       # 1024 packs of 4
+    ((131, 4100), torch.float32, None, False),
+    ((131, 512), torch.float32, torch.float16, True),   # float32 streams, a 16-bit gradient
+    ((131, 508), torch.float32, torch.bfloat16, False),
+    ((4224, 512), torch.float16, None, True),       # one wave of 32-thread CTAs (32 per SM)
+    ((4225, 512), torch.float16, None, False),
+    ((4224, 504), torch.float16, None, False),      # 63 packs
+    ((2112, 2040), torch.bfloat16, None, True),     # 255 packs: one wave of 128-thread CTAs (16 per SM)
+    ((2113, 2040), torch.bfloat16, None, False),
+    ((2048, 1024), torch.float16, None, True),
+    ((2048, 1001), torch.float16, None, False),     # many peeled rows keep their plan
+    ((2048, 512), torch.float32, None, False),      # many float32 rows: from 192 packs (next test)
+])
+def test_few_or_one_wave_backward_rows_take_the_lean_two_pack_form(shape, dtype, input_dtype, lean, op):
+    line = plan_line(shape, dtype, op, input_dtype)
+    assert ("lean instance" in line) == lean, line
+    if lean:
+        threads = whole_warps(-(-(shape[1] // vec16(dtype) * vec16(dtype)) // vec16(dtype) // 2))  # 2 packs each
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
+        assert "2 pack(s) per thread" in line, line
+
+
 @pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
 @pytest.mark.parametrize("shape,input_dtype,lean", [
     ((1000, 1000), None, True),            # 250 packs: under the other lean rows' 256
@@ -126,17 +165,17 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
     ((256, 764), None, False),             # 191 packs
     ((4096, 512), None, False),            # 128 packs: not faster (session 35 call 1)
     ((128, 1024), None, True),             # fewer rows than SMs, a row (8 KB, two streams) too small to split
-    ((8, 764), None, False),               # few rows, 191 packs
+    ((8, 764), None, True),                # few rows, 191 packs: the few-row rule from 512 columns (next test)
     ((1, 1024), None, True),               # 256 packs, one row
-    ((1, 1028), None, False),              # 257 packs: few rows of more than 8 KB were not measured
-    ((4, 2048), None, False),              # 16 KB of two streams: few rows split over a cluster
-    ((1000, 1001), None, False),           # peeled rows keep their plan
+    ((1, 1028), None, True),               # 257 packs: the few-row rule up to 1024 packs (session 40)
+    ((4, 2048), None, True),               # 16 KB of two streams: a cluster before session 40
+    ((1000, 1001), None, False),           # many peeled rows keep their plan
     # float32 streams with a 16-bit result (the backward of softmax(x_16bit, dtype=float32)), since session 38
     ((1000, 1000), torch.float16, True),
     ((256, 768), torch.bfloat16, True),
     ((256, 764), torch.float16, False),
     ((128, 1024), torch.bfloat16, True),
-    ((1, 1028), torch.float16, False),
+    ((1, 1028), torch.float16, True),
     ((1000, 1001), torch.bfloat16, False),
 ])
 def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(shape, input_dtype, lean, op):

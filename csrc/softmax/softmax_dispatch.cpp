@@ -160,8 +160,8 @@ struct Heuristics {
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
   // float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
-  // also in fewer rows than SMs of up to kLeanFloatBackwardFewRowsMaxBytes (under kFewRowsSplitMinRowBytes: a CTA
-  // per row either way), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer
+  // also in fewer rows than SMs of 192-256 packs (8 KB of two streams; since session 40 few rows of any stream dtype
+  // from kLeanFewBackwardMinColumns, below), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer
   // threads (64 against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
   // that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
   // *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward / log_softmax_backward: 1000 x 1000 (250
@@ -180,7 +180,25 @@ struct Heuristics {
   // -1.1%; log_softmax_backward -7.0..-10.0% on the same shapes but 32768 x 900 (-1.1 / -1.2%); unchanged plans
   // within +-0.4%.
   static constexpr int64_t kLeanFloatBackwardMinPacks = 192;
-  static constexpr int64_t kLeanFloatBackwardFewRowsMaxBytes = 8 * 1024;  // 1024 float32 columns, two streams
+  // Few backward rows (fewer than SMs, any stream dtype, whole or peeled) of kLeanFewBackwardMinColumns up to the
+  // two-pack form's 1024 packs (8192 16-bit columns, 4096 float32; the aligned body of a peeled row), and many 16-bit
+  // backward rows of kLeanOneWaveBackwardMinPacks..kLeanMinPacks - 1 whole packs (512-2040 columns) whose CTAs fit in
+  // one wave, take a CTA per row of the lean two-pack form. Before, the warp kernel held 16-bit rows of up to 2 KB per
+  // stream in one warp at 2-4 packs per lane, clusters of 2-16 CTAs (or the 64-register instance) split the longer ones,
+  // and float32 rows of more than 1024 columns took clusters too. H100, session 40, 3 rounds in turns each (us;
+  // percentages of the means; softmax_backward, log_softmax_backward alike unless given):
+  // - call 2 (*session40-c2-compare-lean-backward.txt*): fp16 few rows 8 x 4096 5.9-6.0 -> 5.2-5.5 (-9%), 64 x 3000
+  //   -8%, 100 x 8192 8.2-8.4 -> 7.4 (-10%), 64 x 1001 (peeled) -10%, 128 x 1024 -4 / -1%; fp16 one wave 1000 x 1000 -3
+  //   / -4%, 2048 x 1024 -3%, 4096 x 1000 -3 / -2% (rounds touching); float32 streams 8 x 4096 -5 / -7%, 64 x 3000 -11%,
+  //   131 x 4096 -9 / -11%, 64 x 2047 (peeled) 7.2-7.4 -> 6.1-6.2 (-16 / -18%), 8 x 2048 -9 / -10%; float32 streams
+  //   with a float16 gradient (2 rounds) 8 x 4096 -7%, 64 x 3000 -12 / -11%;
+  // - call 3 (*session40-c3-compare-lean-backward-edges.txt*): bf16 8 x 4096 -7%, 100 x 8192 -9 / -7%, 128 x 1024 -3%,
+  //   1000 x 1000 -2 / -4%, 2048 x 1024 -2%; fp16 one wave 2048 x 512 / 4096 x 512 / 4000 x 768 -1..-2%; few fp16 rows
+  //   of 512 / 768 columns -2 / -0.4%, -2%, float32 streams of 512 -0.4..-2% (rounds overlapping).
+  // Not taken: shorter rows, even (fp16 128 x 256 +0.5 / +1.0%, 128 x 384 +0.2 / -0.5%; float16 -> float32 1 x 256 and
+  // 128 x 256 within +-1%). Unchanged plans in the same calls (8192 x 1024 fp16, over a wave) within +-0.3%.
+  static constexpr int64_t kLeanFewBackwardMinColumns = 512;
+  static constexpr int64_t kLeanOneWaveBackwardMinPacks = 64;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
@@ -379,6 +397,12 @@ int64_t cta_threads(int64_t packs, int reg_packs) { return round_up(ceil_div(pac
 // CTAs of `threads` threads that one SM holds by its thread count (at least one).
 int64_t ctas_per_sm(const DeviceProps& props, int64_t threads) {
   return std::max<int64_t>(1, props.max_threads_per_sm / threads);
+}
+
+// ... and by the SM's resident-CTA limit too (32 on Hopper): the CTAs of one wave. ctas_per_sm leaves that limit out
+// (64 CTAs of 32 threads), and the grid caps built on it keep that (grid_cap: a wider grid for CTAs under 64 threads).
+int64_t resident_ctas_per_sm(const DeviceProps& props, int64_t threads) {
+  return std::min<int64_t>(ctas_per_sm(props, threads), props.max_ctas_per_sm);
 }
 
 // CTAs launched at most: kGridWaves waves of the CTAs that fit on the device at once.
@@ -910,7 +934,8 @@ class Chooser {
   //
   // Fewer forward rows than SMs of 256-8192 columns (kLeanFewMinColumns), and many float32 rows of 512-1024 columns
   // that fit in one wave (kLeanOneWaveFloatMinPacks), take the two-pack form, or float32 rows of 4097-8192 columns in
-  // fewer rows the float form (sessions 38-39).
+  // fewer rows the float form (sessions 38-39). Fewer backward rows than SMs of 512 columns up to 1024 packs, and many
+  // 16-bit backward rows of 64-255 packs in one wave, take the two-pack form too (session 40, kLeanFewBackwardMinColumns).
   //
   // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
@@ -935,11 +960,16 @@ class Chooser {
     const bool one_wave_float_forward =
         !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
-        g_.rows <= props_.sm_count * ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
-    if (few_rows && !few_forward &&
-        !(float_backward && g_.row_bytes <= Heuristics::kLeanFloatBackwardFewRowsMaxBytes)) {
-      return std::nullopt;
-    }
+        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+    // Few backward rows of kLeanFewBackwardMinColumns up to the two-pack form's packs (any stream dtype), and many
+    // 16-bit backward rows of kLeanOneWaveBackwardMinPacks..kLeanMinPacks - 1 whole packs in one wave (session 40).
+    const bool few_backward = few_rows && p_.backward && columns >= Heuristics::kLeanFewBackwardMinColumns &&
+                              g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
+    const bool one_wave_16bit_backward =
+        !few_rows && p_.backward && g_.in_bytes == 2 && !g_.peel &&
+        g_.n_packs >= Heuristics::kLeanOneWaveBackwardMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
+        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+    if (few_rows && !few_forward && !few_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
     // *session26-c3-compare-widening.txt*): 32768 x 2048 165.8 / 164.7 -> 143.5 / 143.3, 8192 x 2048 -13 / -10%,
@@ -961,7 +991,8 @@ class Chooser {
                                                                        : LeanForm::kTwoPacks;
     if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const int64_t min_packs = few_forward || one_wave_float_forward ? 1  // their ranges are checked above
+    const int64_t min_packs = few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward
+                                  ? 1  // their ranges are checked above
                               : float_forward                       ? Heuristics::kLeanFloatMinPacks
                               : float_backward                      ? Heuristics::kLeanFloatBackwardMinPacks
                                                                     : Heuristics::kLeanMinPacks;
@@ -970,14 +1001,17 @@ class Chooser {
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const std::string rows = few_rows                 ? "fewer rows than SMs, of "
-                             : one_wave_float_forward ? "rows whose CTAs fit in one wave, of "
-                                                      : "many rows of ";
+    const std::string rows = few_rows                                            ? "fewer rows than SMs, of "
+                             : one_wave_float_forward || one_wave_16bit_backward ? "rows whose CTAs fit in one wave, of "
+                                                                                 : "many rows of ";
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
                               std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
+      const std::string before = few_rows || one_wave_16bit_backward
+                                     ? "the warp kernel, clusters and the 64-register instance on such rows)"
+                                     : "the 64-register instance)";
       return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured faster than " +
-                          "the 64-register instance" + (few_rows ? " on 128 rows of 1024 columns)" : ")"));
+                          before);
     }
     return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
@@ -1240,6 +1274,7 @@ DeviceProps query_device_props(int device) {
   props.smem_per_block_optin = attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin, props.smem_per_block_optin);
   props.smem_per_sm = attribute(cudaDevAttrMaxSharedMemoryPerMultiprocessor, props.smem_per_sm);
   props.max_threads_per_sm = attribute(cudaDevAttrMaxThreadsPerMultiProcessor, props.max_threads_per_sm);
+  props.max_ctas_per_sm = attribute(cudaDevAttrMaxBlocksPerMultiprocessor, props.max_ctas_per_sm);
   props.cc_major = attribute(cudaDevAttrComputeCapabilityMajor, props.cc_major);
   props.cc_minor = attribute(cudaDevAttrComputeCapabilityMinor, props.cc_minor);
   // Not cudaGetDeviceProperties: its struct layout follows the headers, and the runtime torch loads may be

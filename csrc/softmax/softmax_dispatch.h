@@ -19,6 +19,7 @@ struct DeviceProps {
   int smem_per_block_optin = 227 * 1024;
   int smem_per_sm = 228 * 1024;
   int max_threads_per_sm = 2048;
+  int max_ctas_per_sm = 32;  // resident CTAs per SM, whatever their size
   int cc_major = 9;
   int cc_minor = 0;
   bool assumed = true;  // true: the H100 defaults above, not a queried device
