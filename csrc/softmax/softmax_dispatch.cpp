@@ -140,8 +140,11 @@ struct Heuristics {
   // probability is 0.99 (call 4's GPU test), above the tests' bound of twice torch's error (1e-8 there) plus 2e-7; the
   // warp kernel gave 1.1e-7 on that row (call 5). The cut at 512 columns does not remove that risk: a 512-column row
   // runs the same CTA shape, and the sum's error depends on the row's largest probability, not its length (float32
-  // emulation: up to 1.7e-7 on random rows of 263-4096 columns). Their GPU tests pass; the compensated sum that would
-  // close it is notes-softmax-tuning.md's session 39 Next 1. Float32 rows of 32 packs (128 x 128) measured +0.6 / -0.3%.
+  // emulation: up to 1.7e-7 on random rows of 263-4096 columns). Their GPU tests pass, rows with one dominant element
+  // on every lean form included (session 40 call 1). A compensated sum (pairwise chains, a TwoSum butterfly) cost
+  // +1.5..+8.3% on few-microsecond float32 shapes (fp32 8 x 4096, 128 x 1024, 1000 x 1000) and bought -0.5..-8% on
+  // the 256-511 columns it would open (session 40 call 1, *session40-c1-compare-compensated-lean-sum.txt*): not taken.
+  // Float32 rows of 32 packs (128 x 128) measured +0.6 / -0.3%.
   static constexpr int64_t kLeanFewMinColumns = 256;
   static constexpr int64_t kLeanFewFloatResultMinColumns = 512;
   static constexpr int64_t kLeanFewMaxColumns = 8192;
