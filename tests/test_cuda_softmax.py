@@ -875,9 +875,10 @@ def test_automatic_lean_block_rows_backward(n, dtype, op):
 @pytest.mark.parametrize("in_dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape", [(128, 1024), (8, 1000), (1, 768), (1, 772)])
 def test_few_float32_backward_rows_take_the_lean_instance(shape, in_dtype, op):
-    """Fewer float32 rows than SMs of 192-256 packs (at most 8 KB of two streams): a CTA per row in the lean
-    instance (lean_rows, session 35; float32 streams with a 16-bit result since session 38: the backward of
-    softmax(x_16bit, dtype=float32)); 1000 and 772 columns leave the last pack's threads padding."""
+    """Fewer float32 rows than SMs of 192-256 packs: a CTA per row in the lean instance (lean_rows, session 35; float32
+    streams with a 16-bit result since session 38: the backward of softmax(x_16bit, dtype=float32); since session 40
+    part of the few-row rule from 512 columns, test_backward_rows_on_a_lean_cta_per_row); 1000 and 772 columns leave
+    the last pack's threads padding."""
     x = make_input(shape, in_dtype, seed=shape[0] + shape[1])
     assert "lean instance" in softmax_ops.explain(shape, torch.float32, op=f"{op}_backward", out_dtype=in_dtype)
     check_backward(op, x, -1, torch.float32)
@@ -908,15 +909,21 @@ FEW_LEAN_BACKWARD_CASES = (
     + [(dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16) for shape in FEW_LEAN_BACKWARD_SHAPES])
 
 
+ROW_LABELS = {None: "SMsMinus1", 0: "32xSMs"}
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype,shape", FEW_LEAN_BACKWARD_CASES,
-                         ids=[forward_case_id(i, o, *shape) for i, o, shape in FEW_LEAN_BACKWARD_CASES])
+                         ids=[forward_case_id(i, o, ROW_LABELS.get(shape[0], shape[0]), shape[1])
+                              for i, o, shape in FEW_LEAN_BACKWARD_CASES])
 def test_backward_rows_on_a_lean_cta_per_row(shape, in_dtype, out_dtype, op):
     rows = {None: sm_count() - 1, 0: 32 * sm_count()}.get(shape[0], shape[0])
     shape = (rows, shape[1])
     streams = out_dtype or in_dtype
     line = softmax_ops.explain(shape, streams, op=f"{op}_backward", out_dtype=in_dtype if out_dtype else None)
     assert "lean instance" in line and "2 pack(s) per thread" in line, line
+    assert f"kernel block_onepass: {rows} CTAs x" in line, line  # a CTA per row
+    assert ("fewer rows than SMs" if rows < sm_count() else "rows whose CTAs fit in one wave") in line, line
     check_backward(op, make_input(shape, in_dtype, seed=shape[1] + 5), -1, out_dtype)
     special = special_rows(shape[1], in_dtype)
     x = special.repeat(-(-rows // special.shape[0]), 1)[:rows].contiguous()
@@ -1014,9 +1021,9 @@ def test_float32_rows_of_1024_columns_over_a_wave_on_the_float_form(op):
 # Rows whose largest probability is near 1 (one logit 6 above the rest's max, or the float32 2 x 263 input of session
 # 39 call 4, largest probability 0.989): the output there is about 1 / sum, so the float32 roundings of the sum show
 # undiluted. Call 4 measured 2.5e-7 on 2 x 263 through the lean two-pack form, over the bound (twice torch's 1e-8 plus
-# 2e-7). Float32 results on every lean form: few rows (256-8192 columns, peeled 2 x 263 too), one wave (300 x 1000),
-# many float32 rows on the float form (2000 x 2048), many 16-bit rows with a float32 result on the two-pack and the
-# wide forms (1000 x 4096, 1000 x 8192).
+# 2e-7); float32 results of rows under 512 columns run the warp kernel since (2 x 263, 64 x 256, 4 x 300 here). Float32
+# results on every lean form: few rows (512-8192 columns), one wave (300 x 1000), many float32 rows on the float form
+# (2000 x 2048), many 16-bit rows with a float32 result on the two-pack and the wide forms (1000 x 4096, 1000 x 8192).
 DOMINANT_CASES = [(torch.float32, None, shape) for shape in [(2, 512), (2, 1000), (4, 4096), (3, 4103), (2, 8192),
                                                              (300, 1000), (2, 263), (64, 256), (2000, 2048)]] + [
     (dtype, torch.float32, shape) for dtype in (torch.float16, torch.bfloat16)

@@ -122,11 +122,12 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
 
 # Few backward rows (fewer than SMs: 131) of 512 columns up to 1024 packs, any stream dtype, whole or peeled (the aligned
 # body's columns), and many 16-bit backward rows of 64-255 whole packs whose two-pack CTAs fit in one wave (132 SMs x 32
-# CTAs of up to 32 threads, x 16 of 128 threads): a CTA per row of the lean two-pack form (lean_rows, session 40).
+# resident CTAs of up to 64 threads, x 16 of 128 threads): a CTA per row of the lean two-pack form (lean_rows, session
+# 40).
 @pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
 @pytest.mark.parametrize("shape,dtype,input_dtype,lean", [
     ((131, 512), torch.float16, None, True),        # 64 packs, the shortest
-    ((131, 504), torch.float16, None, False),       # 63 packs: 256 / 384 columns measured even (session 40 call 3)
+    ((131, 504), torch.float16, None, False),       # 63 packs: 256 / 384 columns measured even (session 40 calls 2-3)
     ((131, 519), torch.bfloat16, None, True),       # peeled: a body of 512 columns
     ((131, 511), torch.float16, None, False),       # peeled: a body of 504
     ((131, 1001), torch.float16, None, True),       # peeled
@@ -136,6 +137,8 @@ def test_many_backward_rows_of_1k_to_8k_take_the_lean_block_instance(shape, dtyp
     ((131, 508), torch.float32, None, False),       # float32 streams: 127 packs, 508 columns
     ((131, 512), torch.float32, None, True),
     ((131, 519), torch.float32, None, True),        # peeled: a body of 516 columns
+    ((131, 511), torch.float32, None, False),       # peeled: a body of 508
+    ((132, 512), torch.float32, None, False),       # as many rows as SMs: many float32 rows lean from 192 packs
     ((131, 4096), torch.float32, None, True),       # 1024 packs of 4
     ((131, 4100), torch.float32, None, False),
     ((131, 512), torch.float32, torch.float16, True),   # float32 streams, a 16-bit gradient
@@ -153,7 +156,8 @@ def test_few_or_one_wave_backward_rows_take_the_lean_two_pack_form(shape, dtype,
     line = plan_line(shape, dtype, op, input_dtype)
     assert ("lean instance" in line) == lean, line
     if lean:
-        threads = whole_warps(-(-(shape[1] // vec16(dtype) * vec16(dtype)) // vec16(dtype) // 2))  # 2 packs each
+        body_packs = shape[1] // vec16(dtype)  # a peeled row's aligned body
+        threads = whole_warps(-(-body_packs // 2))  # 2 packs each
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert "2 pack(s) per thread" in line, line
 
@@ -165,7 +169,7 @@ def test_few_or_one_wave_backward_rows_take_the_lean_two_pack_form(shape, dtype,
     ((256, 764), None, False),             # 191 packs
     ((4096, 512), None, False),            # 128 packs: not faster (session 35 call 1)
     ((128, 1024), None, True),             # fewer rows than SMs, a row (8 KB, two streams) too small to split
-    ((8, 764), None, True),                # few rows, 191 packs: the few-row rule from 512 columns (next test)
+    ((8, 764), None, True),                # few rows, 191 packs: the few-row rule from 512 columns (previous test)
     ((1, 1024), None, True),               # 256 packs, one row
     ((1, 1028), None, True),               # 257 packs: the few-row rule up to 1024 packs (session 40)
     ((4, 2048), None, True),               # 16 KB of two streams: a cluster before session 40

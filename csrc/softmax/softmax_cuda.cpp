@@ -234,7 +234,8 @@ std::string explain_softmax(const std::string& op, const std::vector<int64_t>& s
   const DeviceProps props = has_device ? device_props(c10::cuda::current_device()) : DeviceProps{};
   text += " on " + props.name + " (" + to_string(props.sm_count) + " SMs, " +
           to_string(props.l2_bytes / (1024 * 1024)) + " MB L2, " + to_string(props.smem_per_block_optin / 1024) +
-          " KB shared memory per block, " + to_string(props.max_threads_per_sm) + " threads per SM, sm_" +
+          " KB shared memory per block, " + to_string(props.max_threads_per_sm) + " threads and " +
+          to_string(props.max_ctas_per_sm) + " CTAs per SM, sm_" +
           to_string(props.cc_major) + to_string(props.cc_minor) + ")";
   SoftmaxRequest request;
   request.problem = problem;

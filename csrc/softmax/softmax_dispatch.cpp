@@ -173,8 +173,8 @@ struct Heuristics {
   // cells of unchanged plans in the same call moved -2.3..+6.7%. Shorter rows, which the warp kernel takes, did not
   // gain: 1000 x 500 (125 packs) +2.3 / -3.6%, 4096 x 512 (128 packs) +1.1 / +0.9%. Not measured, extrapolated:
   // fewer rows than 128 (at 128 rows each SM already held a single CTA, a row, as it does with fewer). Few rows of
-  // more than 256 packs (up to the 16 KB split size) were not measured and keep one CTA per row of the 64-register
-  // instance, as do peeled rows.
+  // more than 256 packs and few peeled rows kept the 64-register instance (or clusters) until session 40's few-row
+  // rule (kLeanFewBackwardMinColumns) measured the lean form faster on them.
   // Since session 38 also float32 streams with a 16-bit result (the backward of softmax(x_16bit, dtype=float32)),
   // whose rows of 192-255 packs and few rows of 768-1024 columns had kept the 64-register instance. H100, session
   // 38 call 2 (three rounds in turns, us, softmax_backward fp16 / bf16 result, every new round faster than every
@@ -186,27 +186,39 @@ struct Heuristics {
   // Few backward rows (fewer than SMs, any stream dtype, whole or peeled) of kLeanFewBackwardMinColumns up to the
   // two-pack form's 1024 packs (8192 16-bit columns, 4096 float32; the aligned body of a peeled row), and many 16-bit
   // backward rows of kLeanOneWaveBackwardMinPacks..kLeanMinPacks - 1 whole packs (512-2040 columns) whose CTAs fit in
-  // one wave, take a CTA per row of the lean two-pack form. Before, the warp kernel held 16-bit rows of up to 2 KB per
-  // stream in one warp at 2-4 packs per lane, clusters of 2-16 CTAs (or the 64-register instance) split the longer ones,
-  // and float32 rows of more than 1024 columns took clusters too. H100, session 40, 3 rounds in turns each (us;
-  // percentages of the means; softmax_backward, log_softmax_backward alike unless given):
-  // - call 2 (*session40-c2-compare-lean-backward.txt*): fp16 few rows 8 x 4096 5.9-6.0 -> 5.2-5.5 (-9%), 64 x 3000
-  //   -8%, 100 x 8192 8.2-8.4 -> 7.4 (-10%), 64 x 1001 (peeled) -10%, 128 x 1024 -4 / -1%; fp16 one wave 1000 x 1000 -3
-  //   / -4%, 2048 x 1024 -3%, 4096 x 1000 -3 / -2% (rounds touching); float32 streams 8 x 4096 -5 / -7%, 64 x 3000 -11%,
-  //   131 x 4096 -9 / -11%, 64 x 2047 (peeled) 7.2-7.4 -> 6.1-6.2 (-16 / -18%), 8 x 2048 -9 / -10%; float32 streams
-  //   with a float16 gradient (2 rounds) 8 x 4096 -7%, 64 x 3000 -12 / -11%;
+  // one wave, take a CTA per row of the lean two-pack form. Before, the warp kernel held rows of up to 2 KB per stream
+  // (16-bit rows of up to 1024 columns, float32 of 512) in one warp at 2-4 packs per lane, the 64-register instance
+  // took longer rows at the same CTA shape as now (16-bit rows of 129-255 packs) or at 4 float32 packs per thread (up
+  // to 2047 float32 columns), and clusters of 2-16 CTAs split rows of 16 KB or more. H100, session 40, 3 rounds in
+  // turns each (us; percentages of the means, softmax_backward / log_softmax_backward; "overlapping": some base round
+  // at or below some new round):
+  // - call 2 (*session40-c2-compare-lean-backward.txt*): fp16 few rows 8 x 4096 5.9-6.0 -> 5.2-5.5 (-9.2 / -7.3%), 64 x
+  //   3000 -8.3 / -5.7%, 100 x 8192 8.2-8.4 -> 7.4 (-10.4 / -8.1%), 64 x 1001 (peeled) -9.6 / -10.3%, 128 x 1024 -3.7 /
+  //   -1.4% (overlapping); fp16 one wave 1000 x 1000 -3.1 / -3.9%, 2048 x 1024 -2.9 / -2.6%, 4096 x 1000 -3.4 / -1.9%
+  //   (overlapping); float32 streams 8 x 4096 -4.9 / -6.6%, 64 x 3000 -11%, 131 x 4096 -9 / -11%, 64 x 2047 (peeled)
+  //   7.2-7.4 -> 6.1-6.2 (-16 / -18%), 8 x 2048 -9 / -10%; float32 streams with a float16 gradient (2 rounds) 8 x 4096
+  //   -7%, 64 x 3000 -12 / -11%;
   // - call 3 (*session40-c3-compare-lean-backward-edges.txt*): bf16 8 x 4096 -7%, 100 x 8192 -9 / -7%, 128 x 1024 -3%,
-  //   1000 x 1000 -2 / -4%, 2048 x 1024 -2%; fp16 one wave 2048 x 512 / 4096 x 512 / 4000 x 768 -1..-2%; few fp16 rows
-  //   of 512 / 768 columns -2 / -0.4%, -2%, float32 streams of 512 -0.4..-2% (rounds overlapping).
+  //   1000 x 1000 -2 / -4%, 2048 x 1024 -2% (128 x 1024 and the softmax_backward one-wave cells overlapping); fp16 one
+  //   wave 2048 x 512 / 4096 x 512 / 4000 x 768 -1..-2% (the first two overlapping); few fp16 rows of 512 / 768 columns
+  //   -1.6 / -0.4%, -1.9 / -2.3% (overlapping but 768's log_softmax_backward), float32 streams of 512 -0.4..-2%
+  //   (overlapping);
+  // - call 7 (*session40-c7-compare-lean-backward-129-255-packs.txt*, against the same base): fp16 rows of 129-255
+  //   packs, where the CTA shape was already 2 packs per thread: one wave 2048 x 1536 -5.2 / -4.9%, 1000 x 2040 -6.4 /
+  //   -5.7%, 1500 x 1280 -7.7 / -6.4%; few 128 x 1536 -8.2 / -6.8%, 64 x 2040 -7.3 / -7.1%; every new round below every
+  //   base round.
   // Not taken: shorter rows, even (fp16 128 x 256 +0.5 / +1.0%, 128 x 384 +0.2 / -0.5%; float16 -> float32 1 x 256 and
-  // 128 x 256 within +-1%). Unchanged plans in the same calls (8192 x 1024 fp16, over a wave) within +-0.3%.
+  // 128 x 256 within -1.2..+0.5%). The cut at 512 columns is not sharp: 512-768 columns gain 0.4-2.3% with overlapping
+  // rounds, and one-wave rows under 512 columns (64 packs) were not measured. Unchanged plans in the same calls (8192 x
+  // 1024 fp16, over a wave) within +-0.3%.
   static constexpr int64_t kLeanFewBackwardMinColumns = 512;
   static constexpr int64_t kLeanOneWaveBackwardMinPacks = 64;
   // Row prefetch (add_row_prefetch) up to this many waves of rows.
   static constexpr int64_t kPrefetchMaxWaves = 4;
 
   // Fewer rows than SMs: one CTA per row leaves SMs idle (PERF.md: 4 x 262144 runs at 0.10 of copy in
-  // torch eager for exactly this reason), so rows are split over a cluster of CTAs.
+  // torch eager for exactly this reason), so rows are split over a cluster of CTAs -- beyond the rows lean_rows
+  // keeps in one CTA (forward up to kLeanFewMaxColumns, backward up to 1024 packs: kLeanFewBackwardMinColumns).
   static constexpr double kFewRowsPerSm = 1.0;
 
   // Cluster chunk of at least 2 KB per CTA (see widest_cluster; a 16 KB minimum measured worse). Clusters
@@ -266,7 +278,7 @@ struct Heuristics {
   static constexpr int kPeeledClusterMinThreads = 128;
   // Few rows are split over a cluster only from this many bytes per row (all streams): 128 x 1024 fp32
   // backward (8 KB rows) measured 0.91 of copy with one CTA per row and 0.68 split in clusters of 4
-  // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit.
+  // (H200, 2026-11-22), 4 x 16384 fp16 (32 KB) 0.57 split vs 0.58 unsplit. (Rows lean_rows takes never get here.)
   static constexpr int64_t kFewRowsSplitMinRowBytes = 16 * 1024;
 
   // grid_onepass (few rows, cooperative launch): every resident CTA slot of the device gets a chunk of a
@@ -403,7 +415,8 @@ int64_t ctas_per_sm(const DeviceProps& props, int64_t threads) {
 }
 
 // ... and by the SM's resident-CTA limit too (32 on Hopper): the CTAs of one wave. ctas_per_sm leaves that limit out
-// (64 CTAs of 32 threads), and the grid caps built on it keep that (grid_cap: a wider grid for CTAs under 64 threads).
+// (64 CTAs of 32 threads). The grid caps built on it (grid_cap) keep it: capping them would move 1156 of
+// explain_snapshot's plans (CTAs under 64 threads get half the grid), none of them measured (session 40).
 int64_t resident_ctas_per_sm(const DeviceProps& props, int64_t threads) {
   return std::min<int64_t>(ctas_per_sm(props, threads), props.max_ctas_per_sm);
 }
@@ -960,18 +973,23 @@ class Chooser {
     const bool few_forward =
         few_rows && !p_.backward && columns <= Heuristics::kLeanFewMaxColumns &&
         columns >= (float_result ? Heuristics::kLeanFewFloatResultMinColumns : Heuristics::kLeanFewMinColumns);
+    // Whether every row's two-pack CTA is resident at once (asked only of rows of at least one pack).
+    const auto two_pack_ctas_fit_one_wave = [&] {
+      return g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+    };
+    const bool two_packs_hold = g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
     const bool one_wave_float_forward =
         !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
-        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+        two_pack_ctas_fit_one_wave();
     // Few backward rows of kLeanFewBackwardMinColumns up to the two-pack form's packs (any stream dtype), and many
     // 16-bit backward rows of kLeanOneWaveBackwardMinPacks..kLeanMinPacks - 1 whole packs in one wave (session 40).
-    const bool few_backward = few_rows && p_.backward && columns >= Heuristics::kLeanFewBackwardMinColumns &&
-                              g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
+    const bool few_backward =
+        few_rows && p_.backward && columns >= Heuristics::kLeanFewBackwardMinColumns && two_packs_hold;
     const bool one_wave_16bit_backward =
         !few_rows && p_.backward && g_.in_bytes == 2 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveBackwardMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
-        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+        two_pack_ctas_fit_one_wave();
     if (few_rows && !few_forward && !few_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
@@ -986,7 +1004,6 @@ class Chooser {
     // online (max, sum) merge); the backward, whatever its dtypes, and the few and one-wave rows above: 2, where
     // 512 threads hold the row (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const bool two_packs_hold = g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
     const LeanForm form = p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
                           : few_forward                         ? (two_packs_hold ? LeanForm::kTwoPacks : LeanForm::kFloat)
                           : float_forward                       ? LeanForm::kFloat
@@ -994,11 +1011,11 @@ class Chooser {
                                                                        : LeanForm::kTwoPacks;
     if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const int64_t min_packs = few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward
-                                  ? 1  // their ranges are checked above
-                              : float_forward                       ? Heuristics::kLeanFloatMinPacks
-                              : float_backward                      ? Heuristics::kLeanFloatBackwardMinPacks
-                                                                    : Heuristics::kLeanMinPacks;
+    const bool range_checked = few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward;
+    const int64_t min_packs = range_checked    ? 1
+                              : float_forward  ? Heuristics::kLeanFloatMinPacks
+                              : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
+                                               : Heuristics::kLeanMinPacks;
     if (g_.n_packs < min_packs || g_.n_packs > lean_max_row_packs(reg_packs)) return std::nullopt;
     const int threads = static_cast<int>(cta_threads(g_.n_packs, reg_packs));
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
@@ -1010,11 +1027,13 @@ class Chooser {
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
                               std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
-      const std::string before = few_rows || one_wave_16bit_backward
-                                     ? "the warp kernel, clusters and the 64-register instance on such rows)"
-                                     : "the 64-register instance)";
-      return ok(plan, shape + " and stream in at most 32 registers: up to 2048 threads per SM (measured faster than " +
-                          before);
+      // The peeled backward instance runs at 3 CTAs per SM, up to 40 registers (kLeanPeeledBackwardMinCtas).
+      const std::string budget = g_.peel ? " and stream in at most 40 registers: up to 1536 threads per SM"
+                                         : " and stream in at most 32 registers: up to 2048 threads per SM";
+      const std::string before = few_rows                  ? "the warp kernel, clusters and the 64-register instance"
+                                 : one_wave_16bit_backward ? "the warp kernel and the 64-register instance"
+                                                           : "the 64-register instance";
+      return ok(plan, shape + budget + " (measured faster than " + before + " on such rows)");
     }
     return ok(plan, shape + ", max first, then each exp(x - max) taken once" +
                         (p_.log ? " for the sum" : " and kept in registers for the sum and the output"));
