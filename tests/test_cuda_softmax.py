@@ -543,6 +543,12 @@ PEELED_CLUSTER_CASES = [((16, 100003), torch.float32), ((8, 50257), torch.float3
                         ((2, 100003), torch.float32), ((1, 50257), torch.float32)]
 
 
+def special_rows_repeated(rows: int, n: int, dtype) -> torch.Tensor:
+    """`rows` rows of n: special_rows' 9 repeated down the batch (a contiguous input)."""
+    special = special_rows(n, dtype)
+    return special.repeat(-(-rows // special.shape[0]), 1)[:rows].contiguous()
+
+
 def special_rows_in_front(shape, dtype) -> torch.Tensor:
     """A CUDA input of `shape` whose first rows (up to 9) are special_rows'."""
     x = make_input(shape, torch.float64, seed=shape[1] + shape[0]).to(dtype)
@@ -831,8 +837,7 @@ def test_lean_block_rows_special_values(dtype, n, op):
     """NaN / +inf / -inf / all -inf / largest-value rows through the lean instance (the special rows repeated
     down the batch): n = 513 packs (16-bit; 1026 float32), so that the -inf padding of the last pack's threads
     meets them too, and whole rows of every form (no padding, a separate compiled body)."""
-    rows = special_rows(n, dtype)
-    x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
+    x = special_rows_repeated(lean_rows(), n, dtype)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=op)
     check_forward(op, x)
 
@@ -925,9 +930,7 @@ def test_backward_rows_on_a_lean_cta_per_row(shape, in_dtype, out_dtype, op):
     assert f"kernel block_onepass: {rows} CTAs x" in line, line  # a CTA per row
     assert ("fewer rows than SMs" if rows < sm_count() else "rows whose CTAs fit in one wave") in line, line
     check_backward(op, make_input(shape, in_dtype, seed=shape[1] + 5), -1, out_dtype)
-    special = special_rows(shape[1], in_dtype)
-    x = special.repeat(-(-rows // special.shape[0]), 1)[:rows].contiguous()
-    check_backward(op, x, -1, out_dtype)
+    check_backward(op, special_rows_repeated(rows, shape[1], in_dtype), -1, out_dtype)
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -947,8 +950,7 @@ def test_lean_block_rows_backward_special_values(dtype, n, op):
     """The special rows' forward outputs (NaN rows, exact zeros, -inf for log_softmax) as the backward's
     output stream, through the lean instance; n = 513 packs (float32 772: 193) leaves the last pack's threads
     padding."""
-    rows = special_rows(n, dtype)
-    x = rows.repeat(-(-lean_rows() // rows.shape[0]), 1)[:lean_rows()].contiguous()
+    x = special_rows_repeated(lean_rows(), n, dtype)
     assert "lean instance" in softmax_ops.explain(tuple(x.shape), dtype, op=f"{op}_backward")
     check_backward(op, x, -1, None)
 
