@@ -300,7 +300,7 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
     (300, 1024, 32, 64),    # 150 CTAs of two warps
     (1000, 1024, 32, 128),  # enough rows for CTAs of four warps on every SM
     (2000, 96, 4, 32),      # 8 rows per warp (4 lanes each): 250 warps -> CTAs of one warp
-    (65536, 64, 2, 128),
+    (65536, 64, 8, 128),
 ])
 def test_few_warp_rows_spread_over_more_smaller_ctas(rows, n, lanes, threads):
     line = plan_line((rows, n), torch.float16)
@@ -315,13 +315,38 @@ def test_few_warp_rows_spread_over_more_smaller_ctas(rows, n, lanes, threads):
     ((32768, 104), torch.float16, 8, 2),    # 13 packs
     ((16384, 96), torch.float16, 4, 4),     # 12 packs keep 4 per lane (9-12 lost with 2)
     ((65536, 80), torch.bfloat16, 4, 4),
-    ((65536, 64), torch.float16, 2, 4),
+    ((65536, 72), torch.float16, 4, 4),     # 9 packs
     ((16384, 160), torch.float16, 8, 4),    # 20 packs
     ((16384, 128), torch.float32, 16, 2),   # float32 rows have their own rule (2 packs per lane)
 ])
 def test_16_bit_rows_of_13_to_16_packs_take_2_packs_per_lane(shape, dtype, lanes, packs, op):
     line = plan_line(shape, dtype, op)
     assert "kernel warp:" in line and f"{lanes} lane(s) per row, {packs} pack(s) per lane" in line, line
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dtype,lanes,packs", [
+    ((65536, 64), torch.float16, 8, 1),     # 8 packs: one per lane, every lane busy
+    ((262144, 64), torch.bfloat16, 8, 1),
+    ((1, 64), torch.bfloat16, 8, 1),        # any number of rows (1024 to 262144 measured)
+    ((65536, 56), torch.float16, 8, 1),     # 7 packs: one lane of 8 idle
+    ((65536, 32), torch.bfloat16, 4, 1),    # 4 packs
+    ((65536, 48), torch.float16, 2, 4),     # 6 packs: two idle lanes of 8 lost (log_softmax +3..+6%)
+    ((65536, 40), torch.bfloat16, 2, 4),    # 5 packs: three idle lanes lost up to 18%
+    ((65536, 24), torch.float16, 1, 4),     # 3 packs: not measured, the 4-pack rule
+    ((65536, 128), torch.float16, 8, 2),    # 16 packs: the 13-16 pack rule (one per lane lost 5-8%)
+    ((65536, 63), torch.float16, 4, 2),     # peeled rows keep their own rule
+])
+def test_16_bit_rows_of_4_7_or_8_packs_take_one_pack_per_lane(shape, dtype, lanes, packs, op):
+    line = plan_line(shape, dtype, op)
+    assert "kernel warp:" in line and f"{lanes} lane(s) per row, {packs} pack(s) per lane" in line, line
+
+
+@pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
+def test_one_pack_per_lane_rule_leaves_widening_rows_alone(in_dtype):
+    # softmax(x_half, dtype=float32) of 64 columns keeps the widening rule (4 lanes of 2 packs from 256 rows per SM).
+    line = plan_line((65536, 64), in_dtype, "softmax", out_dtype=torch.float32)
+    assert "4 lane(s) per row, 2 pack(s) per lane" in line, line
 
 
 @pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])

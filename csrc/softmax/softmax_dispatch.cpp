@@ -83,6 +83,20 @@ struct Heuristics {
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
   static constexpr int kWarpFullRowPacks16 = 2;
+  // 16-bit forward rows of 4, 7 or 8 whole packs (32, 56 or 64 columns): one pack per lane on 4 or 8 lanes, not 4
+  // packs on 1 or 2, where the lanes that hold a row are all busy but at most one (kWarpOnePackMaxIdleLanes). H100,
+  // session 41 (an override of the packs per lane, one build, in turns; us, mean change softmax / log_softmax, fp16
+  // / bf16): call 2 (3 rounds, *session41-c2-compare-warp-short16-auto-p1.txt*) 65536 x 64 softmax 12.4 -> 11.4
+  // (-7.9%) / -5.9%, log_softmax 12.4 -> 11.2 (-9.2%) / -5.2%; 16384 x 64 -3.5 / -4.3%, -4.6 / -4.5%; 262144 x 64
+  // -6.0 / -4.9%, -2.8 / +1.9%. Call 3 (2 rounds, *session41-c3-compare-warp-short16-auto-p1.txt*): 65536 x 32 -5.8
+  // / -6.3%, -10.7 / -10.3%; 65536 x 56 -5.3 / -7.8%, -7.2 / -2.8%; 1024 x 64, 4096 x 64 -3.8..-6.1%; 131072 x 64
+  // -8.0 / -6.7%, -7.8 / -3.7%; 262144 x 64 -6.6 / -4.7%, -2.5 / +2.5% (the one loss, bfloat16 log_softmax on
+  // 262144 rows, in both calls). Rows with more idle lanes lost: 65536 x 40 (5 packs on 8 lanes) +1.1 / +6.0%,
+  // +7.6 / +17.9%; 65536 x 48 (6 packs) log_softmax +3.4 / +5.9% (softmax -5.7 / -4.2%); so did 16 packs (65536
+  // x 128 log_softmax +5.3 / +8.1%, kWarpFullRowPacks16 above). Rows of 1-3 packs were not measured and keep theirs.
+  static constexpr int64_t kWarpOnePackMinPacks16 = 4;
+  static constexpr int64_t kWarpOnePackMaxPacks16 = 8;
+  static constexpr int64_t kWarpOnePackMaxIdleLanes = 1;
 
   // block kernel: every thread caches the most register packs it can (max_block_reg_packs), and the CTA
   // has just enough threads for the row; beyond kSharedCtaMaxThreads the rest goes to shared memory. An
@@ -445,11 +459,16 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
     const bool full_16bit_row = g.in_bytes == 2 && !g.peel && g.n_packs >= Heuristics::kWarpFullRowMinPacks16 &&
                                 g.n_packs <= Heuristics::kWarpFullRowMaxPacks16;
-    const int short_packs = g.streams == 2    ? Heuristics::kWarpShortRowPacksBackward
-                            : g.in_bytes == 4 ? Heuristics::kWarpShortRowPacksFloat
+    const bool one_pack_16bit_row = g.in_bytes == 2 && g.vec > 1 && !g.peel &&
+                                    g.n_packs >= Heuristics::kWarpOnePackMinPacks16 &&
+                                    g.n_packs <= Heuristics::kWarpOnePackMaxPacks16 &&
+                                    pow2_ceil(g.n_packs) - g.n_packs <= Heuristics::kWarpOnePackMaxIdleLanes;
+    const int short_packs = g.streams == 2        ? Heuristics::kWarpShortRowPacksBackward
+                            : g.in_bytes == 4     ? Heuristics::kWarpShortRowPacksFloat
                             : g.widening && !g.peel ? widening_short_row_packs(g, props)
-                            : full_16bit_row  ? Heuristics::kWarpFullRowPacks16
-                                              : Heuristics::kWarpShortRowPacks;
+                            : full_16bit_row      ? Heuristics::kWarpFullRowPacks16
+                            : one_pack_16bit_row  ? 1
+                                                  : Heuristics::kWarpShortRowPacks;
     plan.reg_packs = static_cast<int>(std::min<int64_t>(short_packs, pow2_ceil(std::max<int64_t>(g.n_packs, 1))));
     plan.lanes_per_row = static_cast<int>(pow2_ceil(ceil_div(std::max<int64_t>(g.n_packs, 1), plan.reg_packs)));
   } else {
