@@ -134,8 +134,8 @@ def boundary_sizes(kernel: str, dtype: torch.dtype, backward: bool = False) -> l
     v = vec16(dtype)
     sizes = {1, 2, 3, 31, 32, 33, v - 1, v, v + 1, 1000}
     if kernel == "warp":
-        # short rows: 4 packs per lane on 1, 2, 4, 8 lanes (plan_warp), 16-bit rows of 4, 7 or 8 packs one per lane on
-        # 4 or 8 lanes (6 packs: 4 per lane), then 32 lanes x 1..8 packs
+        # short rows: 4 packs per lane on 1, 2, 4, 8 lanes (plan_warp), same-dtype 16-bit rows of 4, 7 or 8 packs one
+        # per lane on 4 or 8 lanes (6 packs: 4 per lane; widening rows keep their rule), then 32 lanes x 1..8 packs
         sizes |= {4 * v, 5 * v, 6 * v, 7 * v, 9 * v, 17 * v, 20 * v}
         sizes |= {8 * v, 32 * v - 1, 32 * v, 33 * v, 64 * v, 129 * v, 255, 256, 256 * v - v, 256 * v}
     elif kernel == "block_onepass":
@@ -959,20 +959,25 @@ def test_lean_block_rows_backward_special_values(dtype, n, op):
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("shape,lanes", [
-    ((4099, 32), 4),      # 4 packs on 4 lanes; an odd row count leaves a warp's last row groups empty
-    ((1000, 56), 8),      # 7 packs: the eighth lane of each row holds padding only
-    ((37, 64), 8),
-    ((300000, 64), 8),    # more rows than the grid's CTAs hold at once: each CTA strides over the rest
+    # 4 packs on 4 lanes, 8 rows per warp: 4099 = 8 x 512 + 3 leaves the last warp 3 of its 8 rows
+    pytest.param((4099, 32), 4, id="4099x32"),
+    pytest.param((1000, 56), 8, id="1000x56"),  # 7 packs: the eighth lane of each row holds padding only
+    pytest.param((37, 64), 8, id="37x64"),
+    # more rows than the capped grid (16896 CTAs x 16 rows on an H100) covers: a second grid-stride pass
+    pytest.param((300000, 64), 8, id="300000x64"),
 ])
 def test_automatic_16_bit_rows_of_one_pack_per_lane(shape, lanes, dtype, op):
     """16-bit forward rows of 4, 7 or 8 whole packs, one pack per lane (plan_warp, since session 41), the special
-    rows repeated down the batch (NaN, +inf, all -inf rows, the largest values) and every row in float64."""
+    rows repeated down the batch (NaN, +inf, all -inf rows, the largest values) and every row in float64; and the
+    same row length read from an address off 16 bytes (peeled: the rule leaves such rows to their own plan)."""
     line = softmax_ops.explain(shape, dtype, op=op)
     assert "kernel warp: " in line and f"{lanes} lane(s) per row, 1 pack(s) per lane" in line, line
     check_forward(op, special_rows_repeated(shape[0], shape[1], dtype).cuda(), -1, None)
     check_forward(op, make_input(shape, dtype, seed=shape[0] + shape[1]), -1, None)
-    wide = make_input((shape[0], shape[1] + 8), dtype, seed=3)  # rows 16 bytes apart beyond n: still whole packs
-    check_forward(op, wide[:, 8:], -1, None)
+    flat = make_input((shape[0] * shape[1] + 1,), dtype, seed=3)
+    unaligned = flat[1:].view(shape)
+    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16 != 0
+    check_forward(op, unaligned, -1, None)
 
 
 @pytest.mark.parametrize("op", list(OPS))

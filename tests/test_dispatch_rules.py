@@ -328,13 +328,14 @@ def test_16_bit_rows_of_13_to_16_packs_take_2_packs_per_lane(shape, dtype, lanes
 @pytest.mark.parametrize("shape,dtype,lanes,packs", [
     ((65536, 64), torch.float16, 8, 1),     # 8 packs: one per lane, every lane busy
     ((262144, 64), torch.bfloat16, 8, 1),
-    ((1, 64), torch.bfloat16, 8, 1),        # any number of rows (1024 to 262144 measured)
+    ((1, 64), torch.bfloat16, 8, 1),        # any number of rows (37 and 1024-262144 measured)
     ((65536, 56), torch.float16, 8, 1),     # 7 packs: one lane of 8 idle
     ((65536, 32), torch.bfloat16, 4, 1),    # 4 packs
     ((65536, 48), torch.float16, 2, 4),     # 6 packs: two idle lanes of 8 lost (log_softmax +3..+6%)
     ((65536, 40), torch.bfloat16, 2, 4),    # 5 packs: three idle lanes lost up to 18%
     ((65536, 24), torch.float16, 1, 4),     # 3 packs: not measured, the 4-pack rule
-    ((65536, 128), torch.float16, 8, 2),    # 16 packs: the 13-16 pack rule (one per lane lost 5-8%)
+    ((65536, 128), torch.float16, 8, 2),    # 16 packs: the 13-16 pack rule (one per lane: log_softmax +5..+8%)
+    ((65536, 16), torch.float64, 2, 4),     # float64 rows of 8 packs (2 elements each) keep 4 packs per lane
     ((65536, 63), torch.float16, 4, 2),     # peeled rows keep their own rule
 ])
 def test_16_bit_rows_of_4_7_or_8_packs_take_one_pack_per_lane(shape, dtype, lanes, packs, op):
@@ -344,14 +345,15 @@ def test_16_bit_rows_of_4_7_or_8_packs_take_one_pack_per_lane(shape, dtype, lane
 
 @pytest.mark.parametrize("in_dtype", [torch.float16, torch.bfloat16])
 def test_one_pack_per_lane_rule_leaves_widening_rows_alone(in_dtype):
-    # softmax(x_half, dtype=float32) of 64 columns keeps the widening rule (4 lanes of 2 packs from 256 rows per SM).
-    line = plan_line((65536, 64), in_dtype, "softmax", out_dtype=torch.float32)
-    assert "4 lane(s) per row, 2 pack(s) per lane" in line, line
+    # softmax(x_half, dtype=float32) of 64 columns keeps the widening rule: 4 packs per lane below 256 rows per SM
+    # (2 from there, test_widening_rows_have_warp_plans_of_their_own).
+    line = plan_line((255 * SM_COUNT, 64), in_dtype, "softmax", out_dtype=torch.float32)
+    assert "kernel warp:" in line and "2 lane(s) per row, 4 pack(s) per lane" in line, line
 
 
 @pytest.mark.parametrize("op", ["softmax_backward", "log_softmax_backward"])
 @pytest.mark.parametrize("shape,dtype,lanes", [
-    ((65536, 64), torch.float16, 8),     # 8 packs: one per lane (the forward takes 4 per lane on 2 lanes)
+    ((65536, 64), torch.float16, 8),     # 8 packs: one per lane (the 16-bit forward too, since session 41)
     ((16384, 128), torch.bfloat16, 16),
     ((65536, 256), torch.float16, 32),
     ((16384, 32), torch.float32, 8),
