@@ -1226,3 +1226,16 @@ def test_more_than_2_pow_31_elements(shape, kernel):
     ref = torch.softmax(last.double(), 0)[tail]
     assert_within_2x_torch(out[-1, tail], torch.softmax(last, 0, dtype=torch.float32)[tail], ref)
     assert abs(out[-1].double().sum().item() - 1.0) < 1e-3  # a lost or doubled chunk would be >= 1e-2
+
+
+@BIG
+@pytest.mark.parametrize("op", list(OPS))
+def test_more_than_2_pow_31_elements_in_short_16_bit_rows(op):
+    """The warp kernel's one-pack-per-lane plan (16-bit rows of 64 columns, same dtype; since session 41) over
+    2^25 + 1 rows: the last rows start beyond element 2^31, past the grid-stride loop's first passes."""
+    x = torch.randn(((1 << 25) + 1, 64), device="cuda", dtype=torch.float16) * 3
+    assert x.numel() > 2**31
+    assert "8 lane(s) per row, 1 pack(s) per lane" in softmax_ops.explain(tuple(x.shape), x.dtype, op=op)
+    out = getattr(softmax_ops, op)(x, 1)
+    tail = x[-1024:]
+    assert_within_2x_torch(out[-1024:], OPS[op](tail, 1), reference(op, tail, 1, None))
