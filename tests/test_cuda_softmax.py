@@ -972,7 +972,7 @@ def test_automatic_16_bit_rows_of_one_pack_per_lane(shape, lanes, dtype, op):
     same row length read from an address off 16 bytes (peeled: the rule leaves such rows to their own plan)."""
     line = softmax_ops.explain(shape, dtype, op=op)
     assert "kernel warp: " in line and f"{lanes} lane(s) per row, 1 pack(s) per lane" in line, line
-    check_forward(op, special_rows_repeated(shape[0], shape[1], dtype).cuda(), -1, None)
+    check_forward(op, special_rows_repeated(shape[0], shape[1], dtype), -1, None)
     check_forward(op, make_input(shape, dtype, seed=shape[0] + shape[1]), -1, None)
     flat = make_input((shape[0] * shape[1] + 1,), dtype, seed=3)
     unaligned = flat[1:].view(shape)

@@ -177,10 +177,10 @@ struct Heuristics {
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
   // float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
-  // also in fewer rows than SMs of 192-256 packs (8 KB of two streams; since session 40 few rows of any stream dtype
-  // from kLeanFewBackwardMinColumns, below), where the 64-register instance held 4 packs of each stream per thread in CTAs of fewer
-  // threads (64 against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35 call 1 (three rounds in turns, us,
-  // that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
+  // also in fewer rows than SMs of 192-256 packs (8 KB of two streams; since session 40 few rows of any stream
+  // dtype from kLeanFewBackwardMinColumns, below), where the 64-register instance held 4 packs of each stream per
+  // thread in CTAs of fewer threads (64 against the lean instance's 96 at 192 packs, 128 at 256). H100, session 35
+  // call 1 (three rounds in turns, us, that plan -> lean; the experiment patch's switch SOFTMAX_OPS_EXP_BW_SPREAD=l2:64,
   // *session35-c1-compare-backward-spread-lean2.txt*), softmax_backward / log_softmax_backward: 1000 x 1000 (250
   // packs) 10.4-11.0 / 10.6-11.3 -> 9.4-9.5 / 9.7-10.4, 128 x 1024 (a row per SM) 6.2-6.6 / 6.5-7.1 -> 5.8-6.6 / 5.9,
   // 256 x 768 (192 packs) 6.6-6.8 / 6.8-7.6 -> 6.1-6.9 / 6.3: faster on 4 of 6, even on 2, slower on none, where
@@ -457,12 +457,15 @@ SoftmaxPlan plan_warp(const Geometry& g, const DeviceProps& props) {
     // Short rows (MoE routers, N = 8..256): up to kWarpShortRowPacks packs per lane and just enough lanes,
     // so a warp holds several rows. One pack per lane (the first version) put only 512 bytes per warp in
     // flight: fp16 x 256 columns reached 0.67 of copy on H200, fp32 (2 packs per lane) 0.98.
-    const bool full_16bit_row = g.in_bytes == 2 && !g.peel && g.n_packs >= Heuristics::kWarpFullRowMinPacks16 &&
-                                g.n_packs <= Heuristics::kWarpFullRowMaxPacks16;
-    const bool one_pack_16bit_row = g.in_bytes == 2 && g.vec > 1 && !g.peel &&
-                                    g.n_packs >= Heuristics::kWarpOnePackMinPacks16 &&
-                                    g.n_packs <= Heuristics::kWarpOnePackMaxPacks16 &&
-                                    pow2_ceil(g.n_packs) - g.n_packs <= Heuristics::kWarpOnePackMaxIdleLanes;
+    // 16-bit forward rows by their pack count (the backward and widening rows have their own rules, taken first).
+    const auto unpeeled_16bit_of = [&](int64_t min_packs, int64_t max_packs) {
+      return g.in_bytes == 2 && !g.peel && g.n_packs >= min_packs && g.n_packs <= max_packs;
+    };
+    const bool full_16bit_row =
+        unpeeled_16bit_of(Heuristics::kWarpFullRowMinPacks16, Heuristics::kWarpFullRowMaxPacks16);
+    const bool one_pack_16bit_row =
+        g.vec > 1 && unpeeled_16bit_of(Heuristics::kWarpOnePackMinPacks16, Heuristics::kWarpOnePackMaxPacks16) &&
+        pow2_ceil(g.n_packs) - g.n_packs <= Heuristics::kWarpOnePackMaxIdleLanes;
     const int short_packs = g.streams == 2        ? Heuristics::kWarpShortRowPacksBackward
                             : g.in_bytes == 4     ? Heuristics::kWarpShortRowPacksFloat
                             : g.widening && !g.peel ? widening_short_row_packs(g, props)
@@ -970,7 +973,8 @@ class Chooser {
   // Fewer forward rows than SMs of 256-8192 columns (kLeanFewMinColumns), and many float32 rows of 512-1024 columns
   // that fit in one wave (kLeanOneWaveFloatMinPacks), take the two-pack form, or float32 rows of 4097-8192 columns in
   // fewer rows the float form (sessions 38-39). Fewer backward rows than SMs of 512 columns up to 1024 packs, and many
-  // 16-bit backward rows of 64-255 packs in one wave, take the two-pack form too (session 40, kLeanFewBackwardMinColumns).
+  // 16-bit backward rows of 64-255 packs in one wave, take the two-pack form too (session 40,
+  // kLeanFewBackwardMinColumns).
   //
   // float32 forward rows of 256-2048 packs (1024-8192 columns) take the lean instance's float form: the
   // 64-register instance's CTA shape (8 packs per thread: 128 KB in flight per SM; 256 or 512 threads with
