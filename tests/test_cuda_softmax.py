@@ -980,6 +980,32 @@ def test_automatic_16_bit_rows_of_one_pack_per_lane(shape, lanes, dtype, op):
     check_forward(op, unaligned, -1, None)
 
 
+# Row lengths whose automatic warp plans cover 1, 2, 4, 8, 16 and 32 lanes per row at 1, 2 and 4 packs per lane
+# (16-bit and float32), single elements (odd rows), and peeled rows with edge elements.
+# float64 rows past 512 columns do not fit the warp kernel.
+WARP_LANE_ROW_LENGTHS = [8, 16, 24, 32, 60, 64, 96, 128, 160, 256, 512, 1000, 1024, 7, 33, 255]
+
+
+def warp_lane_cases():
+    for (in_dtype, out_dtype), dtype_id in zip(FORWARD_DTYPES, FORWARD_DTYPE_IDS):
+        for n in WARP_LANE_ROW_LENGTHS:
+            if in_dtype != torch.float64 or n <= 512:
+                yield pytest.param(in_dtype, out_dtype, n, id=f"{dtype_id}-n{n}")
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("in_dtype,out_dtype,n", list(warp_lane_cases()))
+def test_warp_max_first_rows(in_dtype, out_dtype, n, op):
+    """The warp kernel's max-first rows (exp_once_row): softmax of every instance of up to 32 floats per lane and,
+    since session 42, log_softmax of same-dtype instances of up to 4 packs per lane, with butterflies unrolled at
+    up to 16 floats. Forced, at lane counts 1-32, the special rows repeated down the batch (37 rows: partial warps)
+    and random rows, against float64."""
+    with softmax_ops.force_kernel(FORWARD_FAMILY, "warp"):
+        assert "kernel warp: " in softmax_ops.explain((37, n), in_dtype, op=op, out_dtype=out_dtype)
+        check_forward(op, special_rows_repeated(37, n, in_dtype).cuda(), -1, out_dtype)
+        check_forward(op, make_input((37, n), in_dtype, seed=n), -1, out_dtype)
+
+
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype", FORWARD_DTYPES, ids=FORWARD_DTYPE_IDS)
 @pytest.mark.parametrize("shape", [(128, 2048), (37, 2048), (5, 1600), (200, 2040), (264, 1040)])
