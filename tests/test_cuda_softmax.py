@@ -996,10 +996,11 @@ def warp_lane_cases():
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype,n", list(warp_lane_cases()))
 def test_warp_max_first_rows(in_dtype, out_dtype, n, op):
-    """The warp kernel's max-first rows (exp_once_row): softmax of every instance of up to 32 floats per lane and,
-    since session 42, log_softmax of same-dtype instances of up to 4 packs per lane, with butterflies unrolled at
-    up to 16 floats. Forced, at lane counts 1-32, the special rows repeated down the batch (37 rows: partial warps)
-    and random rows, against float64."""
+    """The warp kernel forced at lane counts 1-32 (1, 2, 4 and 8 packs per lane, single elements, peeled rows): the
+    special rows repeated down the batch (37 rows: partial warps) and random rows, against float64. Softmax runs its
+    max-first rows (exp_once_row) where a lane holds up to 32 floats, log_softmax the online (max, sum) form. Added
+    in session 42 for an experiment that gave log_softmax the max-first rows too (not kept:
+    benchmarks/patches/session42-warp-max-first-experiment.patch)."""
     with softmax_ops.force_kernel(FORWARD_FAMILY, "warp"):
         assert "kernel warp: " in softmax_ops.explain((37, n), in_dtype, op=op, out_dtype=out_dtype)
         check_forward(op, special_rows_repeated(37, n, in_dtype).cuda(), -1, out_dtype)

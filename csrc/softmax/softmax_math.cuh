@@ -308,24 +308,6 @@ __device__ __forceinline__ C warp_all_reduce_with(C v, int width, Combine&& comb
   return v;
 }
 
-// warp_all_reduce_with with its five possible steps unrolled, each taken where its offset is below `width`
-// (offsets width / 2 .. 1 in that order, as the loop's: the same results). With a run-time `width` (the warp
-// kernel's lanes per row) the loop spends about ten instructions per step on its counter and on the shuffle's
-// clamp operand (sm_90 SASS of the float32 2-pack warp softmax: 274 instructions per thread against Inductor's 208
-// on 65536 x 64, Nsight Compute, H100, session 42); an unrolled step is a branch on a compare shared by both
-// reductions. The XOR of an offset below `width` stays in the lane's group, so the shuffles take the whole warp as
-// their width (a constant clamp operand). Only where it keeps the registers: in the warp kernel's instances of 32
-// floats per lane it took 8-16 more (a CTA per SM fewer), and merges of (max, sum) or of double sums up to 40 more
-// (ptxas, nvcc 13.0).
-template <typename C, typename Combine>
-__device__ __forceinline__ C warp_all_reduce_unrolled(C v, int width, Combine&& combine) {
-#pragma unroll
-  for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-    if (offset < width) v = combine(v, __shfl_xor_sync(0xffffffffu, v, offset, kWarpSize));
-  }
-  return v;
-}
-
 // All-reduce over the CTA. `partials` holds 2 x 32 Acc in shared memory; `parity` alternates between
 // consecutive calls, so one barrier per call suffices (a warp cannot reach the write of call i+2 before
 // every warp has passed the barrier of call i+1, i.e. finished reading call i's buffer).

@@ -10,12 +10,11 @@
 // Reductions are butterflies over the L lanes of a row (shuffle width L). The grid strides over groups of
 // rows (a CTA of W warps holds W * 32 / L rows per step; few rows get CTAs of 1-2 warps, see plan_warp).
 //
-// Softmax takes each exponential ONCE where the floats fit beside the cache (float rows: in place of it; 16-bit
-// rows of up to 4 packs per lane): the row max first, then exp(x - max) kept in registers for the sum and the
-// output (exp_once_row). The online (max, sum) form takes it twice, and at 16 exponentials per clock per SM
-// (Hopper) the second one is most of a short row's math: the warp kernel's rows were the shapes torch.compile
-// still won (2048 x 1024 16-bit, 65536 x 64, 1000 x 1000; H200, 2026-11-22). log_softmax rows of those
-// instances take the same max-first reductions (session 42), keeping their values for (x - max) - log(sum).
+// Softmax (not log_softmax) takes each exponential ONCE where the floats fit beside the cache (float rows:
+// in place of it; 16-bit rows of up to 4 packs per lane): the row max first, then exp(x - max) kept in
+// registers for the sum and the output (exp_once_row). The online (max, sum) form takes it twice, and at 16
+// exponentials per clock per SM (Hopper) the second one is most of a short row's math: the warp kernel's rows
+// were the shapes torch.compile still won (2048 x 1024 16-bit, 65536 x 64, 1000 x 1000; H200, 2026-11-22).
 #pragma once
 
 #include "softmax_kernel_common.cuh"
@@ -47,21 +46,12 @@ constexpr bool kWarpPadFirstLoads =
 // Every lane of the warp calls it (the shuffles need all 32); rows past the end compute on padding.
 // EDGES > 0 (a peeled row): edge[i] is the lane's i-th edge element (the padding where it holds none), its
 // result written to edge_out[i] where that is not null.
-// kLog: log_softmax, (x - max) - log(sum) as torch computes it, from the same max-first reductions: the lane keeps
-// its values instead of the exponentials. Before, log_softmax rows took the online (max, sum) form, whose
-// butterfly merges (max, sum) pairs with two exponentials per step (two shuffles, 14 instructions; sm_90 SASS).
-template <typename Op, int VEC, int PACKS, int EDGES = 0, bool kLog = false>
+template <typename Op, int VEC, int PACKS, int EDGES = 0>
 __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&cache)[PACKS], int lanes,
                                              int lane_in_row, int64_t n_packs, bool row_valid, bool pairs,
                                              typename Op::Out* out, const float* edge = nullptr,
                                              typename Op::Out* const* edge_out = nullptr) {
   using Out = typename Op::Out;
-  // Lanes of at most 4 packs and 16 floats (short rows: the router shapes, where the lanes per row are 2-16)
-  // unroll their butterflies (warp_all_reduce_unrolled); the others keep the loop and their registers.
-  const auto butterfly = [lanes](float v, auto&& combine) {
-    if constexpr (PACKS <= 4 && PACKS * VEC <= 16) return warp_all_reduce_unrolled(v, lanes, combine);
-    return warp_all_reduce_with(v, lanes, combine);
-  };
   float e[PACKS][VEC];
   float maxes[kIlp];  // independent chains, see ForwardOp::accumulate
 #pragma unroll
@@ -76,17 +66,16 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
   }
 #pragma unroll
   for (int i = 0; i < EDGES; ++i) maxes[i % kIlp] = row_max(maxes[i % kIlp], edge[i]);
-  const float m = butterfly(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }),
-                            [](float a, float b) { return row_max(a, b); });
+  const float m = warp_all_reduce_with(reduce_ilp(maxes, [](float a, float b) { return row_max(a, b); }), lanes,
+                                       [](float a, float b) { return row_max(a, b); });
   // A NaN or +inf in the row makes the sum NaN, an all -inf row exp(NaN): every output NaN, as torch.
   float sums[kIlp] = {};
 #pragma unroll
   for (int p = 0; p < PACKS; ++p) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      const float exponential = ExpMath<float>::exp_from(e[p][j], m);
-      if constexpr (!kLog) e[p][j] = exponential;
-      sums[j % kIlp] += exponential;
+      e[p][j] = ExpMath<float>::exp_from(e[p][j], m);
+      sums[j % kIlp] += e[p][j];
     }
   }
   [[maybe_unused]] float edge_e[EDGES > 0 ? EDGES : 1];
@@ -95,19 +84,16 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
     edge_e[i] = ExpMath<float>::exp_from(edge[i], m);
     sums[i % kIlp] += edge_e[i];
   }
-  const float sum = butterfly(reduce_ilp(sums, [](float a, float b) { return a + b; }),
-                              [](float a, float b) { return a + b; });
-  // torch: exp(x - max) * (1 / sum), and (x - max) - log(sum)
-  const float inv_sum = kLog ? 0.0f : ExpMath<float>::reciprocal(sum);
-  const float log_sum = kLog ? ExpMath<float>::log_sum(sum) : 0.0f;
-  const auto finish = [&](float v) { return convert<Out>(kLog ? (v - m) - log_sum : v * inv_sum); };
+  const float sum = warp_all_reduce_with(reduce_ilp(sums, [](float a, float b) { return a + b; }), lanes,
+                                         [](float a, float b) { return a + b; });
+  const float inv_sum = ExpMath<float>::reciprocal(sum);
 #pragma unroll
   for (int p = 0; p < PACKS; ++p) {
     const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
     const auto result = [&] {
       Pack<Out, VEC> pack;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) pack.v[j] = finish(e[p][j]);
+      for (int j = 0; j < VEC; ++j) pack.v[j] = convert<Out>(e[p][j] * inv_sum);  // torch: exp(x - max) * (1 / sum)
       return pack;
     };
     if constexpr (kWarpPairStores<Op, VEC, PACKS, EDGES>) {
@@ -120,19 +106,13 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
   }
 #pragma unroll
   for (int i = 0; i < EDGES; ++i) {
-    if (edge_out[i] != nullptr) *edge_out[i] = finish(kLog ? edge[i] : edge_e[i]);
+    if (edge_out[i] != nullptr) *edge_out[i] = convert<Out>(edge_e[i] * inv_sum);
   }
 }
 
 // Forward float math with at most 32 floats of exponentials per lane (16-bit: <= 4 packs; float: the cache).
 template <typename Op, int VEC, int PACKS>
 constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
-// log_softmax through exp_once_row's max-first reductions: results in the input's dtype, up to 4 packs per lane.
-// There the instances kept or lost registers (16-bit 4-pack ones 72 -> 59 and 80 -> 64); the 8-pack ones (float32,
-// single elements) and most widening ones (float16 -> float32 at 2 packs 38 -> 48) took 7-17 more, up to two CTAs
-// per SM fewer (ptxas, nvcc 13.0), and keep the online form.
-template <typename Op, int PACKS>
-constexpr bool kWarpMaxFirstLog = std::is_same_v<typename Op::In, typename Op::Out> && PACKS <= 4;
 
 // EDGES > 0 (peeled, plan.peel): rows read as an aligned body of packs plus single edge elements (RowEdges),
 // up to EDGES per lane (plan.edges_per_lane): lane l of a row holds edge elements l, l + lanes, ... The plan
@@ -195,8 +175,7 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     }
 
     if constexpr (kWarpExpOnce<Op, VEC, PACKS>) {
-      const auto max_first_row = [&](auto log) {
-        constexpr bool kLog = decltype(log)::value;
+      if (!op.log) {
         if constexpr (kPeel) {
           float edge_value[EDGES];
           Out* edge_out[EDGES];
@@ -206,19 +185,12 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
             edge_value[i] = edge[i][0];
             edge_out[i] = row_valid && e < edges.count() ? args.out + row * args.n + edges.column(e) : nullptr;
           }
-          exp_once_row<Op, VEC, PACKS, EDGES, kLog>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
-                                                    args.out + row_offset, edge_value, edge_out);
+          exp_once_row<Op, VEC, PACKS, EDGES>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
+                                              args.out + row_offset, edge_value, edge_out);
         } else {
-          exp_once_row<Op, VEC, PACKS, 0, kLog>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
-                                                args.out + row_offset);
+          exp_once_row<Op, VEC, PACKS>(cache[0], lanes, lane_in_row, n_packs, row_valid, pairs,
+                                       args.out + row_offset);
         }
-      };
-      if (!op.log) {
-        max_first_row(std::false_type{});
-        continue;
-      }
-      if constexpr (kWarpMaxFirstLog<Op, PACKS>) {
-        max_first_row(std::true_type{});
         continue;
       }
     }
