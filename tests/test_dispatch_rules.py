@@ -853,39 +853,3 @@ def test_few_float32_forward_rows_that_break_packs_are_not_spread_peeled(shape):
     8 of 16 shapes (session 34 call 2), so its few odd rows keep that cluster or single elements."""
     line = plan_line(shape, torch.float32, "softmax")
     assert "8 pack(s) per thread in registers" in line, line
-
-
-EVICT_FIRST = ", inputs evict-first"
-
-
-@pytest.mark.parametrize("shape,dtype,op,out_dtype,evict_first", [
-    ((65536, 64), torch.float16, "softmax", None, True),                 # warp, 1 pack per lane, 8 MB
-    ((16384, 128), torch.float32, "log_softmax", None, True),            # warp, 2 packs
-    ((65536, 64), torch.float16, "softmax", torch.float32, True),        # warp, a float32 result
-    ((128, 1024), torch.float16, "softmax_backward", None, True),        # lean backward
-    ((1000, 1000), torch.float32, "log_softmax_backward", None, True),   # lean backward, float32
-    ((2048, 1024), torch.float32, "softmax", None, True),                # lean forward, float32
-    ((12800, 1024), torch.float16, "softmax", None, True),               # warp, 4 packs: 25 MB, half the L2
-    ((12801, 1024), torch.float16, "softmax", None, False),              # 2 KB more
-    ((32768, 2048), torch.float32, "softmax", None, False),              # lean, 256 MB
-    ((16384, 1000), torch.float32, "softmax", None, False),              # warp, 8 packs per lane
-    ((4096, 60), torch.float16, "softmax", None, False),                 # warp, peeled
-    ((128, 1024), torch.float16, "softmax", torch.float32, False),       # lean, a float32 result of 16-bit rows
-    ((4, 262144), torch.float16, "softmax", None, False),                # a cluster per row
-])
-def test_inputs_load_evict_first_where_they_fit_in_half_the_l2(shape, dtype, op, out_dtype, evict_first):
-    """softmax_dispatch.cpp evict_first_inputs (session 42): the warp kernel's rows of up to 4 packs per lane (not
-    peeled) and the lean instance (but float32 results of 16-bit rows) load their inputs evict-first in L2 where
-    all of them fit in half of it (explain assumes an H100's 50 MB without a GPU); every other plan loads plainly."""
-    line = plan_line(shape, dtype, op, out_dtype)
-    assert line.endswith(EVICT_FIRST) == evict_first, line
-    assert line.count(EVICT_FIRST) <= 1, line
-
-
-def test_a_forced_plan_gets_the_same_l2_hint():
-    """Forced plans follow the same rule, so the override runs the hinted loads in the tests."""
-    with softmax_ops.force_kernel("softmax", "warp"):
-        assert plan_line((37, 64), torch.float32, "log_softmax").endswith(EVICT_FIRST)
-        assert not plan_line((37, 1024), torch.float32, "softmax").endswith(EVICT_FIRST)  # 8 packs per lane
-    with softmax_ops.force_kernel("softmax", "two_pass"):
-        assert not plan_line((37, 64), torch.float32, "softmax").endswith(EVICT_FIRST)

@@ -17,7 +17,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
   using namespace detail;
   return dispatch_row_op(problem, [&](auto op) {
     using Op = decltype(op);
-    const RowArgs<Op> args = make_row_args(op, problem, ptrs, plan.evict_first);
+    const RowArgs<Op> args = make_row_args(op, problem, ptrs);
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) {
       return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto reg_packs) -> cudaError_t {
         constexpr int kVec = std::decay_t<decltype(vec)>::value;

@@ -280,16 +280,9 @@ __device__ __forceinline__ void lean_forward_row(const RowArgs<Op>& args, int64_
   const In* in = args.in[0] + row_offset;
   auto in_row = [&](int p) { return kFull || p * threads + tid < n_packs; };
   PackIn packs[PREG];
-  // The launch's L2 hint (plan.evict_first), but for float32 results of 16-bit rows: there the hint's policy
-  // register cost 8 bytes of stack at the 32-register cap (ptxas, nvcc 13.0), and the dispatcher never asks.
-  const auto hint = [&] {
-    if constexpr (std::is_same_v<In, Out>) return input_l2_hint(args.evict_first);
-    else return NoHint{};
-  }();
 #pragma unroll
   for (int p = 0; p < PREG; ++p) {
-    packs[p] = in_row(p) ? load_vec<In, VEC, false>(in + p * threads * VEC, hint)
-                         : filled_pack<In, VEC>(negative_infinity<float>());
+    packs[p] = in_row(p) ? load_vec<In, VEC>(in + p * threads * VEC) : filled_pack<In, VEC>(negative_infinity<float>());
   }
   float thread_max = lean_thread_max(packs);
   if constexpr (kPeel) thread_max = row_max(thread_max, edge[0]);  // -inf where the thread holds no edge
@@ -424,14 +417,12 @@ __device__ __forceinline__ void lean_backward_rows(const RowArgs<Op>& args) {
       row_offset += edges.head;
     }
     PackIn cache[S][PREG];
-    const L2Hint hint = input_l2_hint(args.evict_first);
 #pragma unroll
     for (int p = 0; p < PREG; ++p) {
       const int k = p * threads + tid;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
-        cache[s][p] = load_vec_or<In, VEC>(k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s),
-                                           hint);
+        cache[s][p] = load_vec_or<In, VEC>(k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s));
       }
     }
     Acc acc = Op::identity();

@@ -671,35 +671,10 @@ class Chooser {
       : request_(request), p_(request.problem), props_(props), g_(geometry_of(request, view)) {}
 
   SoftmaxChoice choose() {
-    SoftmaxChoice choice = request_.forced.empty() ? choose_automatic() : forced();
-    if (request_.forced.empty() && choice.plan.peel) choice.reason += peel_note();
-    if (choice.error.empty()) evict_first_inputs(choice);
+    if (!request_.forced.empty()) return forced();
+    SoftmaxChoice choice = choose_automatic();
+    if (choice.plan.peel) choice.reason += peel_note();
     return choice;
-  }
-
-  // Single-read kernels (warp, the lean block instance) load their inputs evict-first in L2 where all of the
-  // launch's inputs fit in half the L2. The bench flushes the L2 before each timed call with a memset, as
-  // triton's do_bench does, and a real model's earlier kernels leave their outputs there too: the L2 then holds
-  // dirty lines, and every line a launch allocates writes one back to DRAM while it runs. With its inputs'
-  // lines evict-first, a launch's output replaces those (clean) lines instead. H100, session 42:
-  // - call 3 (benchmarks/flush_state_probe.py, us): float32 2048 x 1024 softmax after the memset 10.9, after a
-  //   read-only flush (clean lines) 8.85; torch.compile's kernel 10.40 and 9.3: it loses less to the dirty lines;
-  // - call 5 (every load ld.global.cs, an experiment build, against febcf14, 2 runs in turns, us,
-  //   *session42-c5-compare-evict-first-loads.txt*): inputs of 0.5-16 MB -1..-5% (softmax fp16 2048 x 1024
-  //   8.4 / 8.0 -> 8.0 / 7.9, 128 x 1024 -3.2%, 1000 x 1000 -2.4%; softmax_backward bf16 65536 x 64 15.1 / 14.5
-  //   -> 14.1 / 14.0, float32 128 x 1024 -3.8%); 32 MB -0.2..-0.7% at 16 bits, +0.4% float32 2048 x 4096; 64 MB
-  //   and more +0.3..+2.7% (32768 x 2048 +1.0..+2.7%), float32 2048 x 8192 softmax_backward (192 MB) +8%.
-  void evict_first_inputs(SoftmaxChoice& choice) const {
-    const SoftmaxPlan& plan = choice.plan;
-    // The instances that take the hint (kWarpHintedLoads, lean_forward_row): warp rows of up to 4 packs per lane,
-    // not peeled; lean rows but float32 results of 16-bit inputs.
-    const bool single_read =
-        (plan.kernel == SoftmaxKernel::kWarp && plan.reg_packs <= 4 && !plan.peel) ||
-        (plan.kernel == SoftmaxKernel::kBlockOnePass && plan.lean && (p_.backward || p_.in_dtype == p_.out_dtype));
-    const int64_t input_bytes = g_.rows * g_.row_bytes;
-    if (!single_read || p_.inner != 1 || input_bytes > props_.l2_bytes / 2) return;
-    choice.plan.evict_first = true;
-    choice.reason += "; inputs loaded evict-first in L2 (" + kib(input_bytes) + ", within half of it)";
   }
 
  private:
@@ -1430,7 +1405,6 @@ std::string describe_plan(const SoftmaxPlan& plan) {
       break;
   }
   if (plan.peel) s += ", rows peeled (aligned body in packs, edge elements singly)";
-  if (plan.evict_first) s += ", inputs evict-first";
   return s;
 }
 

@@ -33,59 +33,10 @@ constexpr int kPackBytes = static_cast<int>(sizeof(T)) * N;
 template <typename T, int N>
 constexpr int kWordBytes = kPackBytes<T, N> >= 16 ? 16 : kPackBytes<T, N>;
 
-// An L2 eviction priority for loads of data read once (InputPolicy below), or none (NoHint: a plain load).
-struct NoHint {};
-struct L2Hint {
-  uint64_t policy;  // a createpolicy result (input_l2_hint)
-};
-
-// One word (2, 4, 8 or 16 bytes) of global memory, with the hint's L2 policy. Not volatile and without a memory
-// clobber, as __ldcs: the inputs do not change while a kernel runs.
-template <typename W>
-__device__ __forceinline__ W load_word(const W* src, NoHint) {
-  return *src;
-}
-__device__ __forceinline__ uint4 load_word(const uint4* src, L2Hint hint) {
-  uint4 v;
-  asm("ld.global.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(src), "l"(hint.policy));
-  return v;
-}
-__device__ __forceinline__ uint2 load_word(const uint2* src, L2Hint hint) {
-  uint2 v;
-  asm("ld.global.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(v.x), "=r"(v.y) : "l"(src), "l"(hint.policy));
-  return v;
-}
-__device__ __forceinline__ unsigned int load_word(const unsigned int* src, L2Hint hint) {
-  unsigned int v;
-  asm("ld.global.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(v) : "l"(src), "l"(hint.policy));
-  return v;
-}
-__device__ __forceinline__ unsigned short load_word(const unsigned short* src, L2Hint hint) {
-  unsigned short v;
-  asm("ld.global.L2::cache_hint.u16 %0, [%1], %2;" : "=h"(v) : "l"(src), "l"(hint.policy));
-  return v;
-}
-
-// The L2 hint of a launch's inputs: evict-first where plan.evict_first (RowArgs::evict_first), else normal. Where a
-// launch's inputs fit in half the L2, the lines its loads bring in are what its own output's lines then replace,
-// before the dirty lines that earlier kernels left (whose eviction writes them back to DRAM while the launch runs).
-// softmax_dispatch.cpp (evict_first_inputs) has the measurements.
-__device__ __forceinline__ L2Hint input_l2_hint(bool evict_first) {
-  L2Hint hint;
-  if (evict_first) {
-    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(hint.policy));
-  } else {
-    asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(hint.policy));
-  }
-  return hint;
-}
-
 // kLastUse: the data is not read again (second pass of a re-reading kernel): an evict-first load keeps
 // L2 for what is still to be re-read.
-template <typename T, int N, bool kLastUse = false, typename Hint = NoHint>
-__device__ __forceinline__ Pack<T, N> load_vec(const T* ptr, Hint hint = {}) {
+template <typename T, int N, bool kLastUse = false>
+__device__ __forceinline__ Pack<T, N> load_vec(const T* ptr) {
   using W = typename Word<kWordBytes<T, N>>::type;
   constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
   Pack<T, N> out;
@@ -96,7 +47,7 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr, Hint hint = {}) {
     if constexpr (kLastUse) {
       dst[i] = __ldcs(src + i);
     } else {
-      dst[i] = load_word(src + i, hint);
+      dst[i] = src[i];
     }
   }
   return out;
@@ -117,9 +68,8 @@ __device__ __forceinline__ Pack<T, N> load_vec(const T* ptr, Hint hint = {}) {
 // for wider elements and for 16-bit ones with kPadFirst = false, only when `valid`: a pointer computed
 // unconditionally cost float32 warp instances up to 35 more registers and the float32 lean instance 16 bytes of
 // spill).
-// `hint`: the L2 policy of the load (NoHint: a plain one).
-template <typename T, int N, bool kPadFirst = true, typename Address, typename C, typename Hint = NoHint>
-__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad, Hint hint = {});
+template <typename T, int N, bool kPadFirst = true, typename Address, typename C>
+__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad);
 
 // The bits of one element, as the integer word of its size.
 __device__ __forceinline__ uint32_t element_bits(float v) { return __float_as_uint(v); }
@@ -288,8 +238,8 @@ __device__ __forceinline__ Pack<T, N> filled_pack(C value) {
   return out;
 }
 
-template <typename T, int N, bool kPadFirst, typename Address, typename C, typename Hint>
-__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad, Hint hint) {
+template <typename T, int N, bool kPadFirst, typename Address, typename C>
+__device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address, C pad) {
   if constexpr (kPadFirst && sizeof(T) == 2) {
     using W = typename Word<kWordBytes<T, N>>::type;
     constexpr int kWords = kPackBytes<T, N> / kWordBytes<T, N>;
@@ -300,11 +250,11 @@ __device__ __forceinline__ Pack<T, N> load_vec_or(bool valid, Address&& address,
     W* dst = reinterpret_cast<W*>(&out);
     if (valid) {
 #pragma unroll
-      for (int i = 0; i < kWords; ++i) dst[i] = load_word(src + i, hint);
+      for (int i = 0; i < kWords; ++i) dst[i] = src[i];
     }
     return out;
   } else {
-    return valid ? load_vec<T, N, false>(address(), hint) : filled_pack<T, N>(pad);
+    return valid ? load_vec<T, N>(address()) : filled_pack<T, N>(pad);
   }
 }
 
@@ -320,12 +270,10 @@ struct RowArgs {
   int64_t n;
   int64_t inner;
   Op op;
-  bool evict_first;  // plan.evict_first: the warp and lean kernels load the inputs evict-first (input_l2_hint)
 };
 
 template <typename Op>
-RowArgs<Op> make_row_args(const Op& op, const SoftmaxProblem& problem, const SoftmaxPointers& ptrs,
-                          bool evict_first = false) {
+RowArgs<Op> make_row_args(const Op& op, const SoftmaxProblem& problem, const SoftmaxPointers& ptrs) {
   RowArgs<Op> args;
   args.in[0] = static_cast<const typename Op::In*>(ptrs.in0);
   if constexpr (Op::kStreams == 2) args.in[1] = static_cast<const typename Op::In*>(ptrs.in1);
@@ -334,7 +282,6 @@ RowArgs<Op> make_row_args(const Op& op, const SoftmaxProblem& problem, const Sof
   args.n = problem.n;
   args.inner = problem.inner;
   args.op = op;
-  args.evict_first = evict_first;
   return args;
 }
 

@@ -58,8 +58,6 @@ struct SoftmaxPlan {
   bool prefetch = false;    // block: each CTA's next row streams into shared memory (smem_bytes) meanwhile
   bool stream_rest = false; // grid_onepass: a chunk exceeds the cache; its rest is read twice from global memory
   bool lean = false;        // block: the lean instance (kLean): forward max-first / exp-once, backward lean_backward_rows
-  bool evict_first = false; // warp, lean block: the inputs load evict-first in L2 (softmax_dispatch.cpp:
-                            // evict_first_inputs; softmax_kernel_common.cuh: input_l2_hint)
   bool peel = false;        // block/cluster/grid (not streamed, not prefetching; lean included), two_pass, split_row:
                             // vec = 16 bytes for rows whose length or start breaks 16-byte packs; each row's
                             // aligned body in packs, the < vec elements before and after it singly

@@ -11,7 +11,7 @@ cudaError_t launch_softmax_warp(const SoftmaxProblem& problem, const SoftmaxPlan
   if ((1 << lanes_log2) != plan.lanes_per_row || lanes_log2 > 5) return cudaErrorInvalidValue;
   return dispatch_row_op(problem, [&](auto op) {
     using Op = decltype(op);
-    const RowArgs<Op> args = make_row_args(op, problem, ptrs, plan.evict_first);
+    const RowArgs<Op> args = make_row_args(op, problem, ptrs);
     return dispatch_vec<typename Op::In>(plan.vec, [&](auto vec) {
       constexpr int kVec = std::decay_t<decltype(vec)>::value;
       return dispatch_int(RegPackBuckets{}, plan.reg_packs, [&](auto packs) -> cudaError_t {

@@ -114,12 +114,6 @@ __device__ __forceinline__ void exp_once_row(const Pack<typename Op::In, VEC> (&
 template <typename Op, int VEC, int PACKS>
 constexpr bool kWarpExpOnce = Op::kStreams == 1 && std::is_same_v<typename Op::C, float> && PACKS * VEC <= 32;
 
-// Instances whose loads take the launch's L2 hint (plan.evict_first, softmax_dispatch.cpp evict_first_inputs): up to
-// 4 packs per lane, not peeled. In the others the hint's 64-bit policy took up to 24 more registers (float32 8-pack
-// instances 53 -> 77, peeled 16-bit 4-pack ones 80 -> 96: 1-3 CTAs per SM fewer; ptxas, nvcc 13.0).
-template <int PACKS, int EDGES>
-constexpr bool kWarpHintedLoads = PACKS <= 4 && EDGES == 0;
-
 // EDGES > 0 (peeled, plan.peel): rows read as an aligned body of packs plus single edge elements (RowEdges),
 // up to EDGES per lane (plan.edges_per_lane): lane l of a row holds edge elements l, l + lanes, ... The plan
 // gives a row enough lanes x EDGES for the most edge elements any row of the launch has (max_row_edges; the
@@ -161,17 +155,13 @@ __global__ void __launch_bounds__(kWarpKernelThreads) softmax_warp_kernel(RowArg
     }
 
     Pack<In, VEC> cache[S][PACKS];
-    const auto hint = [&] {
-      if constexpr (kWarpHintedLoads<PACKS, EDGES>) return input_l2_hint(args.evict_first);
-      else return NoHint{};
-    }();
 #pragma unroll
     for (int p = 0; p < PACKS; ++p) {
       const int64_t k = static_cast<int64_t>(p) * lanes + lane_in_row;
 #pragma unroll
       for (int s = 0; s < S; ++s) {
         cache[s][p] = load_vec_or<In, VEC, kWarpPadFirstLoads<Op, PACKS>>(
-            row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s), hint);
+            row_valid && k < n_packs, [&] { return args.in[s] + row_offset + k * VEC; }, Op::pad(s));
       }
     }
     // Pairs trade the halves of their 16-bit inputs before any math: a row's reductions see the same values, and
