@@ -980,30 +980,29 @@ def test_automatic_16_bit_rows_of_one_pack_per_lane(shape, lanes, dtype, op):
     check_forward(op, unaligned, -1, None)
 
 
-# Row lengths whose automatic warp plans cover 1, 2, 4, 8, 16 and 32 lanes per row at 1, 2 and 4 packs per lane
-# (16-bit and float32), single elements (odd rows), and peeled rows with edge elements.
-# float64 rows past 512 columns do not fit the warp kernel.
+# Row lengths whose forced warp plans (plan_warp) cover 1, 2, 4, 8, 16 and 32 lanes per row at 1, 2, 4 and 8 packs
+# per lane, single elements (odd rows) and peeled rows with edge elements.
 WARP_LANE_ROW_LENGTHS = [8, 16, 24, 32, 60, 64, 96, 128, 160, 256, 512, 1000, 1024, 7, 33, 255]
 
 
 def warp_lane_cases():
     for (in_dtype, out_dtype), dtype_id in zip(FORWARD_DTYPES, FORWARD_DTYPE_IDS):
         for n in WARP_LANE_ROW_LENGTHS:
-            if in_dtype != torch.float64 or n <= 512:
+            if kernel_handles("warp", n, in_dtype):  # float64 rows stop at 512 columns (32 lanes x 8 packs of 2)
                 yield pytest.param(in_dtype, out_dtype, n, id=f"{dtype_id}-n{n}")
 
 
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("in_dtype,out_dtype,n", list(warp_lane_cases()))
-def test_warp_max_first_rows(in_dtype, out_dtype, n, op):
-    """The warp kernel forced at lane counts 1-32 (1, 2, 4 and 8 packs per lane, single elements, peeled rows): the
-    special rows repeated down the batch (37 rows: partial warps) and random rows, against float64. Softmax runs its
-    max-first rows (exp_once_row) where a lane holds up to 32 floats, log_softmax the online (max, sum) form. Added
-    in session 42 for an experiment that gave log_softmax the max-first rows too (not kept:
-    benchmarks/patches/session42-warp-max-first-experiment.patch)."""
+def test_forced_warp_rows_at_every_lane_count(in_dtype, out_dtype, n, op):
+    """The warp kernel forced at 1-32 lanes per row (1, 2, 4 and 8 packs per lane, single elements, peeled rows):
+    the special rows repeated down the batch (37 rows: partial warps) and random rows, against float64. Softmax of
+    float rows runs the max-first exp_once_row where a lane holds up to 32 floats; log_softmax, and float64 softmax,
+    the online (max, sum) form. Added in session 42 with an experiment that gave log_softmax the max-first rows too
+    (not kept: benchmarks/patches/session42-warp-max-first-experiment.patch)."""
     with softmax_ops.force_kernel(FORWARD_FAMILY, "warp"):
         assert "kernel warp: " in softmax_ops.explain((37, n), in_dtype, op=op, out_dtype=out_dtype)
-        check_forward(op, special_rows_repeated(37, n, in_dtype).cuda(), -1, out_dtype)
+        check_forward(op, special_rows_repeated(37, n, in_dtype), -1, out_dtype)
         check_forward(op, make_input((37, n), in_dtype, seed=n), -1, out_dtype)
 
 
