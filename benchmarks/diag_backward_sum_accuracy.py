@@ -21,17 +21,13 @@ import statistics
 import torch
 
 import softmax_ops  # noqa: F401  (registers torch.ops.softmax_ops)
+from softmax_ops._bench_cases import DTYPES, parse_dtypes, parse_shapes
 from softmax_ops._bench_impls import _bound, _max_error  # the bench's form of the tests' rule
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_SHAPES = "1x128,3x500,4x1024,128x1024,1000x1000,16384x128,65536x64,8x4096,64x8192,4x65536,3x100003"
 
 
-def parse_shape(text: str) -> tuple[int, int]:
-    rows, n = text.lower().split("x")
-    return int(rows), int(n)
-
-
+# As tests/test_cuda_softmax.py's make_input: float64 normals from a CPU generator, rounded to the dtype.
 def random_tensor(shape, dtype, seed: int, scale: float) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype).to("cuda")
@@ -67,16 +63,16 @@ def main() -> None:
     args = parser.parse_args()
     print(f"{'op':<20} {'dtype':<5} {'shape':<11} {'max ratio':>9} {'misses':>6} {'median ours/torch':>17}")
     for op in args.ops.split(","):
-        for dtype_name in args.dtypes.split(","):
-            for shape_text in args.shapes.split(","):
-                shape = parse_shape(shape_text)
-                results = [error_ratio(op, shape, DTYPES[dtype_name], seed) for seed in range(args.seeds)]
+        for dtype_name in parse_dtypes(args.dtypes):
+            for rows, n, _ in parse_shapes(args.shapes):
+                shape_text = f"{rows}x{n}"
+                results = [error_ratio(op, (rows, n), DTYPES[dtype_name], seed) for seed in range(args.seeds)]
                 ratios = [ours / bound for ours, _, bound in results]
                 relative = [ours / torch_err for ours, torch_err, _ in results if torch_err > 0]
                 median = statistics.median(relative) if relative else float("nan")
                 misses = sum(ratio > 1 for ratio in ratios)
-                print(f"{op + '_backward':<20} {dtype_name:<5} {shape_text:<11} {max(ratios):>9.3f} {misses:>6} {median:>17.3f}",
-                      flush=True)
+                print(f"{op + '_backward':<20} {dtype_name:<5} {shape_text:<11} {max(ratios):>9.3f} {misses:>6} "
+                      f"{median:>17.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ budgets in csrc/softmax/softmax_dispatch.cpp; change them together.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 
 import pytest
@@ -179,6 +180,14 @@ def make_input(shape, dtype, seed=0, scale=3.0, device="cuda"):
     return (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype).to(device)
 
 
+def unaligned_input(shape, dtype, seed) -> torch.Tensor:
+    """A contiguous CUDA input of `shape` that starts at storage offset 1: off 16 bytes, so rows lose their packs."""
+    flat = make_input((math.prod(shape) + 1,), dtype, seed=seed)
+    x = flat[1:].view(shape)
+    assert x.is_contiguous() and x.data_ptr() % 16 != 0
+    return x
+
+
 def reference(op: str, x: torch.Tensor, dim: int, dtype: torch.dtype | None) -> torch.Tensor:
     """float64 CPU reference of op(x, dim, dtype=dtype): torch casts to dtype first, so do we."""
     cast = x.to(dtype) if dtype is not None else x
@@ -220,9 +229,7 @@ def test_forced_kernel_layouts(kernel, in_dtype, out_dtype, op):
     narrow path), and a transposed view; for 'strided' also the layouts it is made for."""
     n = 1000 if kernel != "warp" else 200
     wide = make_input((5, n + 1), in_dtype, seed=1)
-    flat = make_input((5 * n + 1,), in_dtype, seed=2)
-    unaligned = flat[1:].view(5, n)
-    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16 != 0
+    unaligned = unaligned_input((5, n), in_dtype, seed=2)
     with softmax_ops.force_kernel(FORWARD_FAMILY, kernel):
         for x in (wide[:, 1:], unaligned, make_input((n, 5), in_dtype, seed=3).t()):
             check_forward(op, x, -1, out_dtype)
@@ -669,8 +676,7 @@ def test_lean_peeled_rows_special_values(dtype, op):
 def test_rows_in_different_phases_are_not_peeled():
     """An input whose storage starts mid-pack (offset 1) and a fresh output are in different phases: no
     common aligned body, so single elements; the answer is right either way."""
-    flat = make_input((300 * 4095 + 1,), torch.float16, seed=3)
-    x = flat[1:].view(300, 4095)
+    x = unaligned_input((300, 4095), torch.float16, seed=3)
     with softmax_ops.force_kernel(FORWARD_FAMILY, "block_onepass"):
         check_forward("softmax", x)
     check_forward("log_softmax", x)
@@ -974,10 +980,7 @@ def test_automatic_16_bit_rows_of_one_pack_per_lane(shape, lanes, dtype, op):
     assert "kernel warp: " in line and f"{lanes} lane(s) per row, 1 pack(s) per lane" in line, line
     check_forward(op, special_rows_repeated(shape[0], shape[1], dtype), -1, None)
     check_forward(op, make_input(shape, dtype, seed=shape[0] + shape[1]), -1, None)
-    flat = make_input((shape[0] * shape[1] + 1,), dtype, seed=3)
-    unaligned = flat[1:].view(shape)
-    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16 != 0
-    check_forward(op, unaligned, -1, None)
+    check_forward(op, unaligned_input(shape, dtype, seed=3), -1, None)
 
 
 # Row lengths whose forced warp plans (plan_warp) cover 1, 2, 4, 8, 16 and 32 lanes per row at 1, 2, 4 and 8 packs
