@@ -425,6 +425,27 @@ def test_few_rows_special_values(n, dtype, op):
     assert torch.isnan(out[2]).all()
 
 
+# 16-bit forward rows cached by a cluster or grid group with shared-memory packs take 4 register packs per thread,
+# the rest in shared memory (softmax_dispatch.cpp kGroupSharedRegPacks16, session 43): automatic grid groups (64 x
+# 151936: 4 + 6 packs; 4 x 4194304: 4 + 12) and the forced cluster of 16 on 4 x 1048576 (4 + 12), special rows in
+# front of random ones.
+GROUP_SHARED_16_CASES = [((64, 151936), None), ((4, 4194304), None), ((4, 1048576), "cluster_onepass")]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape,forced", GROUP_SHARED_16_CASES)
+def test_16_bit_group_rows_with_shared_packs_on_4_register_packs(shape, forced, dtype, op):
+    x = special_rows_in_front(shape, dtype)
+    with softmax_ops.force_kernel(FORWARD_FAMILY, forced) if forced else contextlib.nullcontext():
+        plan = softmax_ops.explain(shape, dtype, op=op)
+        assert "4 pack(s) per thread in registers + " in plan and "registers + 0 in shared" not in plan, plan
+        out = check_forward(op, x)
+    assert torch.isnan(out[0]).all() and torch.isnan(out[2]).all()  # a NaN entry; all -inf
+    if op == "softmax" and shape[0] >= 5:
+        assert rows_exact_zero_and_one(out, x)
+
+
 def rows_exact_zero_and_one(out: torch.Tensor, x: torch.Tensor) -> bool:
     """Row 4 of special_rows is -inf but for its last entry: softmax gives exactly 0 ... 0, 1."""
     return out[4, -1].item() == 1.0 and bool(torch.all(out[4, :-1] == 0)) and bool(torch.all(out[3][x[3] == float("-inf")] == 0))

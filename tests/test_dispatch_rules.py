@@ -753,12 +753,13 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel block_onepass" in line(2048, 8192)
     # Cluster and grid groups cache widening rows in 4 register packs per thread (kWideningGroupRegPacks: their
     # results are written in lane pairs, which spilled in the 8-pack instance); peeled widening rows that no few-rows
-    # plan spreads keep the 8 packs of the largest bucket, a same-dtype result the 8 of the largest bucket.
+    # plan spreads keep the 8 packs of the largest bucket. A same-dtype result with shared-memory packs takes 4 as
+    # well (kGroupSharedRegPacks16, session 43; it had the 8 of the largest bucket).
     # (How many CTAs a grid group gives each row depends on the device's occupancy answer.)
     assert "clusters of 2 CTAs per row, 4 pack(s) per thread in registers + 0" in line(8192, 32000)
     grid, same_dtype_grid = line(64, 151936), line(64, 151936, out_dtype=None)
     assert "kernel grid_onepass" in grid and "(cooperative), 4 pack(s) per thread in registers" in grid, grid
-    assert "(cooperative), 8 pack(s) per thread in registers" in same_dtype_grid, same_dtype_grid
+    assert "(cooperative), 4 pack(s) per thread in registers + 6" in same_dtype_grid, same_dtype_grid
     assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
     # Few widening rows that break packs plan their longest body as a row, then run it peeled: here (not spread) the
     # largest bucket too (with 4 packs that plan was refused, and the rows fell back to single elements).
@@ -853,3 +854,24 @@ def test_few_float32_forward_rows_that_break_packs_are_not_spread_peeled(shape):
     8 of 16 shapes (session 34 call 2), so its few odd rows keep that cluster or single elements."""
     line = plan_line(shape, torch.float32, "softmax")
     assert "8 pack(s) per thread in registers" in line, line
+
+
+@pytest.mark.parametrize("shape,dtype,op,out_dtype,reg_packs,smem_packs", [
+    ((64, 151936), torch.float16, "softmax", None, 4, 6),             # grid group: was 8 + 2
+    ((64, 151936), torch.bfloat16, "log_softmax", None, 4, 6),
+    ((2048, 131072), torch.bfloat16, "log_softmax", None, 4, 12),     # clusters of 2: was 8 + 8
+    ((64, 151936), torch.float32, "softmax", None, 8, 11),            # float32 keeps 8
+    ((2048, 131072), torch.float32, "softmax", None, 8, 14),
+    ((64, 151936), torch.float16, "softmax", torch.float32, 4, 6),    # widening groups: 4 already
+    ((64, 151936), torch.float16, "softmax_backward", None, 2, 6),    # backward: unchanged
+    ((4, 262144), torch.float16, "softmax", None, 4, 0),              # no shared-memory packs: unchanged
+])
+def test_16_bit_group_rows_with_shared_packs_cache_4_register_packs(shape, dtype, op, out_dtype, reg_packs,
+                                                                     smem_packs):
+    """softmax_dispatch.cpp cache_shape, Heuristics::kGroupSharedRegPacks16 (session 43): a 16-bit forward row
+    cached by a cluster or grid group that needs shared-memory packs takes 4 register packs per thread, not 8, and
+    more shared-memory packs; float32, widening, backward, and groups without shared-memory packs are unchanged."""
+    line = plan_line(shape, dtype, op, out_dtype)
+    assert "_onepass:" in line and (" cluster" in line or "cooperative" in line), line
+    assert register_packs(line) == reg_packs, line
+    assert f"registers + {smem_packs} in shared memory" in line, line

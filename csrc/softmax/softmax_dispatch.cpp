@@ -80,6 +80,15 @@ struct Heuristics {
   // 151936 -26 / -28%, 100 x 262144 (4, were 3) -38%, 1024 x 262144 -24 / -27%. Peeled widening rows, and bodies
   // planned to be run peeled (64 x 151935: 47 -> 35 us), keep the largest bucket unless peel_few_rows spreads them.
   static constexpr int kWideningGroupRegPacks = 4;
+  // 16-bit forward rows cached by a cluster or grid group whose chunk needs shared-memory packs besides the
+  // registers: 4 register packs per thread, not 8, the rest in shared memory (more of it), where that fits the
+  // same CTAs. The 8-pack instance sits at the 64-register cap, where small changes to it moved grid and cluster
+  // launches by +-5% (session 43 call 2). H100, session 43 call 5 (an override of the register packs, one build,
+  // 3 rounds in turns, softmax, us, *session43-c5-compare-group-reg-packs.txt*): 4 x 4194304 (8 + 8 -> 4 + 12 packs)
+  // fp16 36.7 -> 34.8 (-5.2%), bf16 -5.5%; 64 x 151936 (8 + 2 -> 4 + 6) -3.1 / -4.3%; 2048 x 131072 (8 + 8 -> 4 + 12)
+  // -0.8 / -0.9%; 2 register packs: -3.7 / -4.2%, -1.8 / -2.6%, -0.7 / -0.7%. float32 keeps 8: 64 x 151936 became
+  // a cluster of 5 (+3.2%) and 4 x 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%.
+  static constexpr int kGroupSharedRegPacks16 = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
   static constexpr int kWarpFullRowPacks16 = 2;
@@ -550,10 +559,18 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
   const int reg_packs = g.widening && group && !runs_peeled ? Heuristics::kWideningGroupRegPacks : g.max_reg_packs;
   const int64_t threads = cta_threads(packs, reg_packs);
   if (threads <= max_threads) return CacheShape{static_cast<int>(threads), reg_packs, 0, 0};
-  const int64_t smem_packs = ceil_div(packs, max_threads) - reg_packs;
-  const int64_t smem_bytes = smem_packs * max_threads * g.pack_bytes * g.streams;
-  if (smem_bytes > smem_budget) return std::nullopt;
-  return CacheShape{max_threads, reg_packs, static_cast<int>(smem_packs), static_cast<size_t>(smem_bytes)};
+  // Shared-memory packs: reg_packs in registers, the rest in shared memory, within the budget.
+  const auto with_shared_packs = [&](int regs) -> std::optional<CacheShape> {
+    const int64_t smem_packs = ceil_div(packs, max_threads) - regs;
+    const int64_t smem_bytes = smem_packs * max_threads * g.pack_bytes * g.streams;
+    if (smem_bytes > smem_budget) return std::nullopt;
+    return CacheShape{max_threads, regs, static_cast<int>(smem_packs), static_cast<size_t>(smem_bytes)};
+  };
+  const bool forward16 = g.streams == 1 && g.in_bytes == 2 && !g.widening;
+  if (group && !runs_peeled && forward16 && reg_packs > Heuristics::kGroupSharedRegPacks16) {
+    if (auto shape = with_shared_packs(Heuristics::kGroupSharedRegPacks16)) return shape;
+  }
+  return with_shared_packs(reg_packs);
 }
 
 // Budget for a CTA that must leave room for another on its SM, and for one that may own the SM.
