@@ -87,7 +87,10 @@ struct Heuristics {
   // 3 rounds in turns, softmax, us, *session43-c5-compare-group-reg-packs.txt*): 4 x 4194304 (8 + 8 -> 4 + 12 packs)
   // fp16 36.7 -> 34.8 (-5.2%), bf16 -5.5%; 64 x 151936 (8 + 2 -> 4 + 6) -3.1 / -4.3%; 2048 x 131072 (8 + 8 -> 4 + 12)
   // -0.8 / -0.9%; 2 register packs: -3.7 / -4.2%, -1.8 / -2.6%, -0.7 / -0.7%. float32 keeps 8: 64 x 151936 became
-  // a cluster of 5 (+3.2%) and 4 x 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%.
+  // a cluster of 5 (+3.2%) and 4 x 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%. The sweep of the rule (call 6,
+  // *session43-c6-bench-forward.txt*) against session 41's: 64 x 151936 16-bit -3.0..-4.5% (0.73-0.75 -> 0.77-0.78
+  // of copy), 2048 x 131072 16-bit -2.4..-2.7% (0.96-0.97 -> 0.99). A grid group's CTAs per row follow the occupancy
+  // answer: 64 x 151936 ran 4 + 6 packs in call 5's process, 4 + 9 at 3 CTAs per row in call 7's tests.
   static constexpr int kGroupSharedRegPacks16 = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
