@@ -427,8 +427,8 @@ def test_few_rows_special_values(n, dtype, op):
 
 # 16-bit forward rows cached by a cluster or grid group with shared-memory packs take 4 register packs per thread,
 # the rest in shared memory (softmax_dispatch.cpp kGroupSharedRegPacks16, session 43): automatic grid groups (64 x
-# 151936: 4 + 6 packs; 4 x 4194304: 4 + 12) and the forced cluster of 16 on 4 x 1048576 (4 + 12), special rows in
-# front of random ones.
+# 151936: 4 + 6 or 4 + 9 packs, as the CTAs per row; 4 x 4194304: 4 + 12) and the forced cluster of 16 on 4 x
+# 1048576 (4 + 12), special rows in front of random ones.
 GROUP_SHARED_16_CASES = [((64, 151936), None), ((4, 4194304), None), ((4, 1048576), "cluster_onepass")]
 
 

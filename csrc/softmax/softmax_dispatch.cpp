@@ -82,15 +82,18 @@ struct Heuristics {
   static constexpr int kWideningGroupRegPacks = 4;
   // 16-bit forward rows cached by a cluster or grid group whose chunk needs shared-memory packs besides the
   // registers: 4 register packs per thread, not 8, the rest in shared memory (more of it), where that fits the
-  // same CTAs. The 8-pack instance sits at the 64-register cap, where small changes to it moved grid and cluster
-  // launches by +-5% (session 43 call 2). H100, session 43 call 5 (an override of the register packs, one build,
-  // 3 rounds in turns, softmax, us, *session43-c5-compare-group-reg-packs.txt*): 4 x 4194304 (8 + 8 -> 4 + 12 packs)
-  // fp16 36.7 -> 34.8 (-5.2%), bf16 -5.5%; 64 x 151936 (8 + 2 -> 4 + 6) -3.1 / -4.3%; 2048 x 131072 (8 + 8 -> 4 + 12)
-  // -0.8 / -0.9%; 2 register packs: -3.7 / -4.2%, -1.8 / -2.6%, -0.7 / -0.7%. float32 keeps 8: 64 x 151936 became
-  // a cluster of 5 (+3.2%) and 4 x 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%. The sweep of the rule (call 6,
-  // *session43-c6-bench-forward.txt*) against session 41's: 64 x 151936 16-bit -3.0..-4.5% (0.73-0.75 -> 0.77-0.78
-  // of copy), 2048 x 131072 16-bit -2.4..-2.7% (0.96-0.97 -> 0.99). A grid group's CTAs per row follow the occupancy
-  // answer: 64 x 151936 ran 4 + 6 packs in call 5's process, 4 + 9 at 3 CTAs per row in call 7's tests.
+  // shared-memory budget (the CTAs per row then follow the occupancy answer). The 8-pack instance sits at the
+  // 64-register cap, where a small change to it made grid and cluster launches 3-9% slower (session 43 call 2). H100,
+  // session 43 call 5 (an override of the register packs, one build, 3 rounds in turns, softmax, us,
+  // *session43-c5-compare-group-reg-packs.txt*): 4 x 4194304 (8 + 8 -> 4 + 12 packs) fp16 36.7 -> 34.8 (-5.2%), bf16
+  // -5.5%; 64 x 151936 (8 + 2 -> 4 + 6) -3.1 / -4.3%; 2048 x 131072 (8 + 8 -> 4 + 12) -0.8 / -0.9%; 2 register packs:
+  // -3.7 / -4.2%, -1.8 / -2.6%, -0.7 / -0.7%. float32 keeps 8: 64 x 151936 became a cluster of 5 (+3.2%) and 4 x
+  // 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%. The sweep of the rule (call 6, *session43-c6-bench-forward.txt*)
+  // against session 41's sweep: 64 x 151936 16-bit -3.0..-4.5% (0.73-0.75 -> 0.77-0.78 of copy). 64 x 151936 at 4
+  // CTAs per row caches 4 + 6 packs: exactly 48 KB of dynamic shared memory. Calls 5 and 6 ran that plan after a
+  // launch of the same instance with more shared memory; call 7's test process planned 3 CTAs per row (4 + 9 packs,
+  // 72 KB: correct there, not timed). The likely reason, not verified on a GPU: 48 KB plus the kernel's static
+  // buffers needs the opt-in that allow_dynamic_smem (launch_utils.h) skips up to 48 KB.
   static constexpr int kGroupSharedRegPacks16 = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
@@ -569,7 +572,8 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
     if (smem_bytes > smem_budget) return std::nullopt;
     return CacheShape{max_threads, regs, static_cast<int>(smem_packs), static_cast<size_t>(smem_bytes)};
   };
-  const bool forward16 = g.streams == 1 && g.in_bytes == 2 && !g.widening;
+  // 16-byte packs only: single elements have instances at the largest bucket alone (softmax_block.cu).
+  const bool forward16 = g.streams == 1 && g.in_bytes == 2 && !g.widening && g.vec > 1;
   if (group && !runs_peeled && forward16 && reg_packs > Heuristics::kGroupSharedRegPacks16) {
     if (auto shape = with_shared_packs(Heuristics::kGroupSharedRegPacks16)) return shape;
   }
