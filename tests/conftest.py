@@ -60,6 +60,11 @@ def register_packs(line: str) -> int:
     return int(line.split(" pack(s) per thread in registers")[0].rsplit(" ", 1)[1])
 
 
+def shared_packs(line: str) -> int:
+    """Shared-memory packs per thread of a block / cluster / grid plan line (plan_line): "... + N in shared memory"."""
+    return int(line.split(" in shared memory")[0].rsplit(" ", 1)[1])
+
+
 def block_capacity_packs(dtype: torch.dtype, vec: int, backward: bool, smem_optin: int = HOPPER_SMEM_OPTIN) -> int:
     """Packs of one row that the block kernel can cache (1024 threads, registers + all shared memory)."""
     streams = 2 if backward else 1

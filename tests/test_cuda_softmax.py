@@ -23,6 +23,7 @@ from conftest import (
     max_block_reg_packs,
     plan_line,
     register_packs,
+    shared_packs,
     vec16,
 )
 from conftest import block_capacity_packs as block_capacity_packs_for
@@ -438,8 +439,8 @@ GROUP_SHARED_16_CASES = [((64, 151936), None), ((4, 4194304), None), ((4, 104857
 def test_16_bit_group_rows_with_shared_packs_on_4_register_packs(shape, forced, dtype, op):
     x = special_rows_in_front(shape, dtype)
     with softmax_ops.force_kernel(FORWARD_FAMILY, forced) if forced else contextlib.nullcontext():
-        plan = softmax_ops.explain(shape, dtype, op=op)
-        assert "4 pack(s) per thread in registers + " in plan and "registers + 0 in shared" not in plan, plan
+        line = plan_line(shape, dtype, op)
+        assert register_packs(line) == 4 and shared_packs(line) > 0, line
         out = check_forward(op, x)
     assert torch.isnan(out[0]).all() and torch.isnan(out[2]).all()  # a NaN entry; all -inf
     if op == "softmax" and shape[0] >= 5:

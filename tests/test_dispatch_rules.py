@@ -10,7 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import block_capacity_packs, max_block_reg_packs, plan_line, register_packs, vec16, whole_warps
+from conftest import (
+    block_capacity_packs,
+    max_block_reg_packs,
+    plan_line,
+    register_packs,
+    shared_packs,
+    vec16,
+    whole_warps,
+)
 
 import softmax_ops
 
@@ -761,8 +769,8 @@ def test_widening_rows_have_warp_plans_of_their_own(in_dtype):
     assert "kernel grid_onepass" in grid and "(cooperative), 4 pack(s) per thread in registers" in grid, grid
     # (The shared-memory packs follow the CTAs per row, which follow the occupancy answer: 4 + 6 packs at the assumed
     # H100's 4 CTAs per row, 4 + 9 at 3 on an H100 in session 43's call 7.)
-    assert "(cooperative), 4 pack(s) per thread in registers + " in same_dtype_grid, same_dtype_grid
-    assert "registers + 0 in shared" not in same_dtype_grid, same_dtype_grid
+    assert "(cooperative)" in same_dtype_grid, same_dtype_grid
+    assert register_packs(same_dtype_grid) == 4 and shared_packs(same_dtype_grid) > 0, same_dtype_grid
     assert "clusters of 2 CTAs per row, 8 pack(s) per thread" in line(2048, 50257) and "peeled" in line(2048, 50257)
     # Few widening rows that break packs plan their longest body as a row, then run it peeled: here (not spread) the
     # largest bucket too (with 4 packs that plan was refused, and the rows fell back to single elements).
@@ -880,6 +888,6 @@ def test_16_bit_group_rows_with_shared_packs_cache_4_register_packs(shape, dtype
     assert "_onepass:" in line and (" cluster" in line or "cooperative" in line), line
     assert register_packs(line) == reg_packs, line
     if smem_packs is None:
-        assert "registers + 0 in shared" not in line and " in shared memory" in line, line
+        assert shared_packs(line) > 0, line
     else:
-        assert f"registers + {smem_packs} in shared memory" in line, line
+        assert shared_packs(line) == smem_packs, line
