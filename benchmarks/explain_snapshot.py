@@ -8,6 +8,10 @@ lengths that break 16-byte packs, and a non-last dim.
 
     SOFTMAX_OPS_CACHE=/tmp/cacheA PYTHONPATH=$PWD python3 benchmarks/explain_snapshot.py /tmp/explain-new.txt
     (the same from the base tree into /tmp/explain-base.txt) && diff /tmp/explain-base.txt /tmp/explain-new.txt
+
+With --reverse the cases are asked in the opposite order (and written in the same order). On a GPU the dispatcher
+asks the occupancy API, whose answers must not depend on what the process asked or ran before: a forward and a
+reverse snapshot in two fresh processes must be identical.
 """
 from __future__ import annotations
 
@@ -58,18 +62,24 @@ def explain(op, shape, dtype, dim, k, family, kernel):
 
 
 def main() -> None:
-    if len(sys.argv) != 2:
+    args = sys.argv[1:]
+    reverse = "--reverse" in args
+    paths = [a for a in args if a != "--reverse"]
+    if len(paths) != 1 or len(args) > 2:
         sys.exit(__doc__)
-    count = 0
-    with open(sys.argv[1], "w") as out:
-        for op, shape, dim, k in cases():
-            family = FAMILY[op]
-            for kernel in [None] + softmax_ops.list_kernels(family):
-                for name, dtype in DTYPES.items():
-                    text = explain(op, shape, dtype, dim, k, family, kernel)
-                    out.write(f"== {op} {list(shape)} dim={dim} k={k} {name} forced={kernel or '-'}\n{text}\n")
-                    count += 1
-    print(f"{count} cases written to {sys.argv[1]}")
+    blocks = [(op, shape, dim, k, FAMILY[op], kernel, name, dtype)
+              for op, shape, dim, k in cases()
+              for kernel in [None] + softmax_ops.list_kernels(FAMILY[op])
+              for name, dtype in DTYPES.items()]
+    order = range(len(blocks) - 1, -1, -1) if reverse else range(len(blocks))
+    texts = [""] * len(blocks)
+    for i in order:
+        op, shape, dim, k, family, kernel, _, dtype = blocks[i]
+        texts[i] = explain(op, shape, dtype, dim, k, family, kernel)
+    with open(paths[0], "w") as out:
+        for (op, shape, dim, k, _, kernel, name, _), text in zip(blocks, texts):
+            out.write(f"== {op} {list(shape)} dim={dim} k={k} {name} forced={kernel or '-'}\n{text}\n")
+    print(f"{len(blocks)} cases written to {paths[0]}" + (" (asked in reverse order)" if reverse else ""))
 
 
 if __name__ == "__main__":

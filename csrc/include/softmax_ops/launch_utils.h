@@ -49,12 +49,16 @@ cudaError_t set_once_per_device(Kernel kernel, KernelAttribute what, Set&& set) 
   return err;
 }
 
-// Launch with dynamic shared memory above the 48 KB default: the opt-in is set once per (kernel, device) to
-// the device's maximum (the launch still requests only what it uses), so racing host threads all write the
-// same value and no launch sees a smaller limit than it needs.
+// Launch (or ask the occupancy API about) `bytes` of dynamic shared memory: the opt-in is set once per (kernel,
+// device) to the device's maximum (the launch still requests only what it uses), so racing host threads all write
+// the same value and no launch sees a smaller limit than it needs. Without it a kernel may take 48 KB of static and
+// dynamic shared memory together, so a launch of exactly 48 KB of dynamic memory plus a few static buffers needs it
+// too: the opt-in is taken for any dynamic shared memory, not only above 48 KB. (Skipping it up to 48 KB made the
+// occupancy query refuse such plans until a larger launch of the same instance had opted in, so a process's plans
+// depended on what it had run before; H100, session 43 call 7: 16-bit 64 x 151936 at 4 CTAs per row, 4 + 6 packs.)
 template <typename Kernel>
 cudaError_t allow_dynamic_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return cudaSuccess;
+  if (bytes == 0) return cudaSuccess;
   return set_once_per_device(kernel, KernelAttribute::kDynamicSmem, [&](int device) {
     int optin = 0;
     cudaError_t err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
