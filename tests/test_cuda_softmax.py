@@ -427,10 +427,12 @@ def test_few_rows_special_values(n, dtype, op):
 
 
 # 16-bit forward rows cached by a cluster or grid group with shared-memory packs take 4 register packs per thread,
-# the rest in shared memory (softmax_dispatch.cpp kGroupSharedRegPacks16, session 43): automatic grid groups (64 x
-# 151936: 4 + 6 or 4 + 9 packs, as the CTAs per row; 4 x 4194304: 4 + 12) and the forced cluster of 16 on 4 x
-# 1048576 (4 + 12), special rows in front of random ones.
-GROUP_SHARED_16_CASES = [((64, 151936), None), ((4, 4194304), None), ((4, 1048576), "cluster_onepass")]
+# the rest in shared memory (softmax_dispatch.cpp kGroupSharedRegPacks16, session 43; peeled rows since session 44):
+# automatic grid groups (64 x 151936: 4 + 6 or 4 + 9 packs, as the CTAs per row; 4 x 4194304: 4 + 12), the forced
+# cluster of 16 on 4 x 1048576 (4 + 12), and the same plans peeled (the aligned body in packs, the edge elements
+# singly), special rows in front of random ones.
+GROUP_SHARED_16_CASES = [((64, 151936), None), ((4, 4194304), None), ((4, 1048576), "cluster_onepass"),
+                         ((64, 151935), None), ((4, 4194303), None), ((4, 1048575), "cluster_onepass")]
 
 
 @pytest.mark.parametrize("op", list(OPS))
@@ -442,6 +444,7 @@ def test_16_bit_group_rows_with_shared_packs_on_4_register_packs(shape, forced, 
         line = plan_line(shape, dtype, op)
         assert register_packs(line) == 4 and shared_packs(line) > 0, line
         out = check_forward(op, x)
+        check_forward(op, unaligned_input(shape, dtype, seed=3))  # every row off 16 bytes: the peeled plan
     assert torch.isnan(out[0]).all() and torch.isnan(out[2]).all()  # a NaN entry; all -inf
     if op == "softmax" and shape[0] >= 5:
         assert rows_exact_zero_and_one(out, x)

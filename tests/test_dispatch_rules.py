@@ -876,12 +876,15 @@ def test_few_float32_forward_rows_that_break_packs_are_not_spread_peeled(shape):
     ((64, 151936), torch.float16, "softmax", torch.float32, 4, None), # widening groups: 4 already
     ((64, 151936), torch.float16, "softmax_backward", None, 2, 6),    # backward: unchanged
     ((4, 262144), torch.float16, "softmax", None, 4, 0),              # no shared-memory packs: unchanged
+    ((64, 151935), torch.float16, "softmax", None, 4, None),          # peeled rows too (session 44): was 8 + 2
+    ((2048, 131071), torch.bfloat16, "log_softmax", None, 4, 12),     # peeled clusters of 2: was 8 + 8
 ])
 def test_16_bit_group_rows_with_shared_packs_cache_4_register_packs(shape, dtype, op, out_dtype, reg_packs,
                                                                      smem_packs):
     """softmax_dispatch.cpp cache_shape, Heuristics::kGroupSharedRegPacks16 (session 43): a 16-bit forward row
     cached by a cluster or grid group that needs shared-memory packs takes 4 register packs per thread, not 8, and
-    more shared-memory packs; float32, widening, backward, and groups without shared-memory packs are unchanged.
+    more shared-memory packs, peeled rows too (session 44); float32, widening, backward, and groups without
+    shared-memory packs are unchanged.
     smem_packs None: some (a grid group's count follows its CTAs per row, which follow the device's occupancy
     answer: 6 packs at the assumed H100's 4 CTAs per row, 9 at 3 on an H100 in session 43's call 7)."""
     line = plan_line(shape, dtype, op, out_dtype)

@@ -90,10 +90,12 @@ struct Heuristics {
   // -3.7 / -4.2%, -1.8 / -2.6%, -0.7 / -0.7%. float32 keeps 8: 64 x 151936 became a cluster of 5 (+3.2%) and 4 x
   // 262144 4 + 4 packs (+4.9%); 2048 x 131072 -1.7%. The sweep of the rule (call 6, *session43-c6-bench-forward.txt*)
   // against session 41's sweep: 64 x 151936 16-bit -3.0..-4.5% (0.73-0.75 -> 0.77-0.78 of copy). 64 x 151936 at 4
-  // CTAs per row caches 4 + 6 packs: exactly 48 KB of dynamic shared memory. Calls 5 and 6 ran that plan after a
-  // launch of the same instance with more shared memory; call 7's test process planned 3 CTAs per row (4 + 9 packs,
-  // 72 KB: correct there, not timed). The likely reason, not verified on a GPU: 48 KB plus the kernel's static
-  // buffers needs the opt-in that allow_dynamic_smem (launch_utils.h) skips up to 48 KB.
+  // CTAs per row caches 4 + 6 packs, exactly 48 KB of dynamic shared memory: until session 44's opt-in fix
+  // (allow_dynamic_smem, launch_utils.h) a fresh process planned 3 CTAs per row (4 + 9 packs), 27.6 / 28.1 us against
+  // 23.6 / 23.9 at 4 (session 44 call 1, *session44-c1-compare-opt-in-and-peeled-groups.txt*, fresh processes, 3
+  // runs in turns). Peeled rows (the aligned body in packs, the edges singly) take the rule too since session 44
+  // (same call, base 8 register packs): 4 x 4194303 (8 + 8 -> 4 + 12) 38.1 -> 35.4 / 40.4 -> 35.8 us (-6.9 /
+  // -11.1%), 2048 x 131071 -1.1 / -8.9%, 64 x 151935 (8 + 2 -> 4 + 6) +1.1 / -7.0%.
   static constexpr int kGroupSharedRegPacks16 = 4;
   static constexpr int64_t kWarpFullRowMinPacks16 = 13;
   static constexpr int64_t kWarpFullRowMaxPacks16 = 16;
@@ -551,8 +553,8 @@ struct CacheShape {
 std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_threads, int64_t smem_budget,
                                       int spread_threads = 0, bool group = false) {
   packs = std::max<int64_t>(packs, 1);
-  // The peeled view plans the most register packs only (its forced plans, and the rules that peel many rows); the
-  // kBody view spreads too, and peel_few_rows runs such a plan peeled where softmax_block.cu compiles its bucket.
+  // The peeled view plans the most register packs only (its forced plans, and the rules that peel many rows; but for
+  // 16-bit group rows with shared-memory packs, below); the kBody view spreads too, and peel_few_rows runs such a plan peeled where softmax_block.cu compiles its bucket.
   if (spread_threads > 0 && g.vec > 1 && !g.peel) {
     for (int reg_packs = 1; reg_packs < g.max_reg_packs; reg_packs *= 2) {
       const int64_t threads = cta_threads(packs, reg_packs);
@@ -572,9 +574,10 @@ std::optional<CacheShape> cache_shape(int64_t packs, const Geometry& g, int max_
     if (smem_bytes > smem_budget) return std::nullopt;
     return CacheShape{max_threads, regs, static_cast<int>(smem_packs), static_cast<size_t>(smem_bytes)};
   };
-  // 16-byte packs only: single elements have instances at the largest bucket alone (softmax_block.cu).
+  // 16-byte packs only: single elements have instances at the largest bucket alone (softmax_block.cu). Peeled rows
+  // too: peeled_instance compiles their 16-bit forward buckets below the largest.
   const bool forward16 = g.streams == 1 && g.in_bytes == 2 && !g.widening && g.vec > 1;
-  if (group && !runs_peeled && forward16 && reg_packs > Heuristics::kGroupSharedRegPacks16) {
+  if (group && forward16 && reg_packs > Heuristics::kGroupSharedRegPacks16) {
     if (auto shape = with_shared_packs(Heuristics::kGroupSharedRegPacks16)) return shape;
   }
   return with_shared_packs(reg_packs);
