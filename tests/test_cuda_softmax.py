@@ -1140,6 +1140,76 @@ def test_explain_reports_forced_kernel_and_its_limits():
         assert "cannot run" in softmax_ops.explain((4, 1 << 20), torch.float32)
 
 
+# ------------------------------------------------------------------------------------ 48 KB, fresh process
+
+# Plans with exactly 48 KB of dynamic shared memory (H100 / H200): with the kernels' static buffers they need the
+# opt-in (launch_utils.h allow_dynamic_smem), which until session 44 was skipped up to 48 KB, so in a process that
+# had not yet run the same instance above 48 KB the occupancy query refused such a plan (a different plan ran:
+# 16-bit 64 x 151936 at 3 CTAs per row, 17% slower) or its launch failed. Each case is the first of its instance in
+# a fresh process. (op, shape, dtype); the fused_topk case: its block kernel's candidate buffer.
+FRESH_PROCESS_48_KB_CASES = [
+    ("softmax", (64, 151936), torch.float16),
+    ("log_softmax", (64, 151935), torch.bfloat16),
+    ("softmax", (4, 114688), torch.float64),
+    ("log_softmax", (3, 100003), torch.float64),
+    ("softmax_backward", (2048, 4096), torch.float64),
+    ("log_softmax_backward", (133, 4097), torch.float64),
+    ("softmax_backward", (4, 65536), torch.float64),
+    ("log_softmax_backward", (4, 262144), torch.float64),
+    ("softmax_backward", (1, 50257), torch.float64),
+]
+
+FRESH_PROCESS_SCRIPT = """
+import sys
+import torch
+sys.path.insert(0, sys.argv[1])
+from conftest import assert_within_2x_torch
+import softmax_ops
+failures = 0
+for op, shape, dtype_name in eval(sys.argv[2]):
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    x = (torch.randn(shape, dtype=torch.float64) * 3).to(dtype).cuda()
+    line = next(l for l in softmax_ops.explain(shape, dtype, op=op).splitlines() if "kernel " in l)
+    try:
+        if op.endswith("_backward"):
+            forward = getattr(torch, op[: -len("_backward")])
+            out = forward(x, -1)
+            grad = torch.randn(shape, dtype=torch.float64).to(dtype).cuda()
+            ours = getattr(torch.ops.softmax_ops, op)(grad, out, -1, dtype)
+            aten = torch._softmax_backward_data if op == "softmax_backward" else torch._log_softmax_backward_data
+            own = aten(grad, out, -1, dtype)
+            ref = aten(grad.double().cpu(), out.double().cpu(), -1, torch.float64)
+        else:
+            ours = getattr(softmax_ops, op)(x, -1)
+            own = getattr(torch, op)(x, -1)
+            ref = getattr(torch, op)(x.double().cpu(), -1)
+        torch.cuda.synchronize()
+        assert_within_2x_torch(ours, own, ref)
+        print("ok", op, shape, dtype_name, line.strip())
+    except Exception as error:
+        failures += 1
+        print("FAILED", op, shape, dtype_name, line.strip(), type(error).__name__, str(error).splitlines()[0])
+sys.exit(min(failures, 100))
+"""
+
+
+def test_plans_at_48_kb_of_dynamic_shared_memory_in_a_fresh_process():
+    import subprocess
+    import sys
+
+    cases = [(op, shape, str(dtype).removeprefix("torch.")) for op, shape, dtype in FRESH_PROCESS_48_KB_CASES]
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    result = subprocess.run([sys.executable, "-c", FRESH_PROCESS_SCRIPT, tests_dir, repr(cases)], check=False,
+                            capture_output=True, text=True, timeout=600)
+    report = result.stdout + result.stderr[-3000:]
+    assert result.returncode == 0, report
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == len(cases), report
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:  # H100 / H200: the plans named above
+        assert all("(48 KB dynamic)" in line for line in lines), report
+
+
 # ------------------------------------------------------------------------------------ determinism, graphs
 
 DETERMINISM_CASES = [
