@@ -1146,7 +1146,7 @@ def test_explain_reports_forced_kernel_and_its_limits():
 # opt-in (launch_utils.h allow_dynamic_smem), which until session 44 was skipped up to 48 KB, so in a process that
 # had not yet run the same instance above 48 KB the occupancy query refused such a plan (a different plan ran:
 # 16-bit 64 x 151936 at 3 CTAs per row, 17% slower) or its launch failed. Each case is the first of its instance in
-# a fresh process. (op, shape, dtype); the fused_topk case: its block kernel's candidate buffer.
+# a fresh process. (op, shape, dtype).
 FRESH_PROCESS_48_KB_CASES = [
     ("softmax", (64, 151936), torch.float16),
     ("log_softmax", (64, 151935), torch.bfloat16),
