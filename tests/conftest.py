@@ -13,6 +13,26 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
+@pytest.fixture
+def torch_config():
+    """``set(config_module, name, value)`` for torch's config modules (``torch._inductor.config``,
+    ``torch._functorch.config``), with every old value set back after the test.
+
+    Not pytest's ``monkeypatch.setattr``: since pytest 9 it takes the old value from the object's ``__dict__``,
+    where a config module keeps none, and so undoes the patch by deleting the attribute -- which hides that
+    config entry ("does not exist") for the rest of the process.
+    """
+    saved: list[tuple[object, str, object]] = []
+
+    def set_config(module: object, name: str, value: object) -> None:
+        saved.append((module, name, getattr(module, name)))
+        setattr(module, name, value)
+
+    yield set_config
+    for module, name, value in reversed(saved):
+        setattr(module, name, value)
+
+
 # Floor per dtype (relative to the largest reference magnitude, at least 1), added to the "2x torch's own
 # error" bound: when torch's own error happens to be 0 on a tiny sample, one rounding step must still pass.
 _ABS_FLOOR = {

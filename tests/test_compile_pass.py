@@ -46,12 +46,12 @@ def pass_backend(gm: torch.fx.GraphModule, example_inputs):
 
 
 @pytest.fixture(autouse=True)
-def compile_pass_enabled_on_cpu(monkeypatch):
+def compile_pass_enabled_on_cpu(monkeypatch, torch_config):
     """Every test starts with the pass enabled on CPU and CUDA graphs, fresh Dynamo state and an empty
     report; the pass's state and the inductor config are put back afterwards."""
     was_enabled = softmax_ops.is_enabled()
     config = torch._inductor.config
-    monkeypatch.setattr(config, "pre_grad_custom_pass", config.pre_grad_custom_pass)  # restored at teardown
+    torch_config(config, "pre_grad_custom_pass", config.pre_grad_custom_pass)  # restored at teardown
     monkeypatch.setenv("SOFTMAX_OPS_DEVICES", "cuda,cpu")
     softmax_ops.enable()
     torch._dynamo.reset()
@@ -1102,10 +1102,10 @@ def _grads(model, *inputs):
 
 
 @pytest.fixture
-def no_compile_caches(monkeypatch):
+def no_compile_caches(torch_config):
     """Inductor's FX-graph and AOTAutograd caches off: a cache hit would skip the pass (and the report)."""
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    torch_config(torch._inductor.config, "fx_graph_cache", False)
+    torch_config(torch._functorch.config, "enable_autograd_cache", False)
 
 
 def size_one_dim_router(x):
@@ -1199,10 +1199,10 @@ def test_disable_leaves_graphs_alone_and_enable_restores():
     assert softmax_ops.compile_report().rewrites["softmax"] == 1
 
 
-def test_uuid_tracks_enabled_state_devices_and_chained_pass(monkeypatch):
+def test_uuid_tracks_enabled_state_devices_and_chained_pass(monkeypatch, torch_config):
     softmax_ops.disable()
     user_pass = RecordingPass()
-    monkeypatch.setattr(torch._inductor.config, "pre_grad_custom_pass", user_pass)
+    torch_config(torch._inductor.config, "pre_grad_custom_pass", user_pass)
     softmax_ops.enable()
     ours = torch._inductor.config.pre_grad_custom_pass
     assert isinstance(ours, SoftmaxOpsGraphPass) and ours.chained is user_pass
@@ -1219,7 +1219,7 @@ def test_uuid_tracks_enabled_state_devices_and_chained_pass(monkeypatch):
     user_pass.name = "user-pass-v1"
 
     # Our pass inside a list the user built cannot be unhooked: it stays, inert, and says so in its uuid.
-    monkeypatch.setattr(torch._inductor.config, "pre_grad_custom_pass", [ours])
+    torch_config(torch._inductor.config, "pre_grad_custom_pass", [ours])
     softmax_ops.disable()
     assert torch._inductor.config.pre_grad_custom_pass == [ours]
     assert ours.uuid() not in (None, enabled_id)
@@ -1231,9 +1231,9 @@ def test_uuid_tracks_enabled_state_devices_and_chained_pass(monkeypatch):
     assert ours.uuid() is None
 
 
-def test_chained_user_pass_runs_and_is_restored_by_disable(monkeypatch):
+def test_chained_user_pass_runs_and_is_restored_by_disable(torch_config):
     user_pass = RecordingPass()
-    monkeypatch.setattr(torch._inductor.config, "pre_grad_custom_pass", user_pass)  # replaces ours
+    torch_config(torch._inductor.config, "pre_grad_custom_pass", user_pass)  # replaces ours
     assert not softmax_ops.is_enabled()
     softmax_ops.enable()
     assert softmax_ops.is_enabled()
@@ -1246,13 +1246,13 @@ def test_chained_user_pass_runs_and_is_restored_by_disable(monkeypatch):
     assert torch._inductor.config.pre_grad_custom_pass is user_pass
 
 
-def test_inductor_caches_never_mix_pass_on_and_off(tmp_path, monkeypatch):
+def test_inductor_caches_never_mix_pass_on_and_off(tmp_path, monkeypatch, torch_config):
     from torch._dynamo.utils import counters
     from torch._inductor.utils import run_and_get_code
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", True)
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", True)
+    torch_config(torch._inductor.config, "fx_graph_cache", True)
+    torch_config(torch._functorch.config, "enable_autograd_cache", True)
     x = logits(4, 8)
 
     def compiled_code() -> str:
