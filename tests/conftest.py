@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -13,24 +15,19 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 
+
 @pytest.fixture
 def torch_config():
     """``set(config_module, name, value)`` for torch's config modules (``torch._inductor.config``,
-    ``torch._functorch.config``), with every old value set back after the test.
+    ``torch._functorch.config``): each call is torch's own ``module.patch``, undone after the test.
 
     Not pytest's ``monkeypatch.setattr``: since pytest 9 it takes the old value from the object's ``__dict__``,
     where a config module keeps none, and so undoes the patch by deleting the attribute -- which hides that
     config entry ("does not exist") for the rest of the process.
     """
-    saved: list[tuple[object, str, object]] = []
-
-    def set_config(module: object, name: str, value: object) -> None:
-        saved.append((module, name, getattr(module, name)))
-        setattr(module, name, value)
-
-    yield set_config
-    for module, name, value in reversed(saved):
-        setattr(module, name, value)
+    with contextlib.ExitStack() as patches:
+        # Keyword form: patch(name, None) would read a None value as "no value given".
+        yield lambda module, name, value: patches.enter_context(module.patch(**{name: value}))
 
 
 # Floor per dtype (relative to the largest reference magnitude, at least 1), added to the "2x torch's own
