@@ -200,11 +200,10 @@ def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(sha
 
 
 @pytest.mark.parametrize("shape,dtype,kernel,packs", [
-    ((200, 2040), torch.float16, "block_onepass", 1),  # one wave of one-pack CTAs: the lean one-pack form
-    ((200, 1024), torch.float16, "block_onepass", 1),  # (session 46; the warp kernel before)
-    ((128, 2048), torch.float16, "block_onepass", 1),  # fewer rows than SMs: the lean instance (session 38),
-    ((128, 1024), torch.float16, "block_onepass", 1),  # one pack per thread (session 46)
-    ((200, 504), torch.float32, "warp", None),         # float32 rows of fewer than 128 packs: the warp kernel
+    ((200, 2040), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
+    ((200, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster (H200)
+    ((128, 2048), torch.float16, "block_onepass", 2),  # fewer rows than SMs: the lean instance (session 38)
+    ((128, 1024), torch.float16, "block_onepass", 2),
     ((128, 1024), torch.float32, "block_onepass", 2),  # fewer float32 rows than SMs: the lean instance (session 39)
     ((2048, 2048), torch.float16, "block_onepass", 2),  # many rows of 256 packs: the lean instance
 ])
@@ -220,18 +219,17 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,dtype,out_dtype,plan", [
-    ((128, 1024), FP16, None, "lean one"),          # 128 packs: a CTA of 128 threads x 1 pack per row
-    ((1, 256), BF16, None, "lean one"),             # 32 packs, the fewest (256 columns)
+    ((128, 1024), FP16, None, "lean"),              # 128 packs: a CTA of 64 threads x 2 packs per row
+    ((1, 256), BF16, None, "lean"),                 # 32 packs, the fewest (256 columns)
     ((128, 248), FP16, None, "kernel warp:"),       # 31 packs: the warp kernel
-    ((131, 4096), BF16, None, "lean one"),          # 512 packs, one row fewer than SMs: 512 threads x 1
-    ((8, 4104), FP16, None, "lean"),                # 513 packs: 2 packs per thread
+    ((131, 4096), BF16, None, "lean"),              # 512 packs, one row fewer than SMs
     ((8, 8192), FP16, None, "lean"),                # 1024 packs: 512 threads, the most
     ((8, 8200), FP16, None, "kernel cluster_onepass:"),  # 1025 packs: a cluster per row
-    ((132, 1024), FP16, None, "lean one"),          # a row per SM: one wave of one-pack CTAs (many rows' rule)
-    ((131, 2040), FP16, None, "lean one"),
-    ((132, 2040), BF16, None, "lean one"),          # one wave of 256-thread CTAs (spread_small_rows before)
-    ((64, 1001), BF16, None, "lean one"),           # peeled rows, the body's plan
-    ((64, 263), FP16, None, "lean one"),            # peeled, a body of 32 packs
+    ((132, 1024), FP16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
+    ((131, 2040), FP16, None, "lean"),
+    ((132, 2040), BF16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
+    ((64, 1001), BF16, None, "lean"),               # peeled rows, the body's plan
+    ((64, 263), FP16, None, "lean"),                # peeled, a body of 32 packs
     ((64, 255), FP16, None, "kernel warp:"),        # peeled, a body of 31 packs
     ((64, 8191), FP16, None, "lean"),               # peeled, a body of 1023 packs
     ((8, 8201), FP16, None, "kernel cluster_onepass:"),  # peeled, a body of 1025 packs
@@ -263,13 +261,12 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, dtype, out_dtype, plan, op):
     """softmax_dispatch.cpp, kLeanFewMinColumns: fewer rows than SMs of 256-8192 columns (512-8192 for a float32
     result), whole or peeled, take a CTA per row of the lean instance: 2 packs per thread up to 512 threads, float32
-    rows of more than 1024 packs the float form's 8 (sessions 38-39), 16-bit rows of up to 512 packs with a 16-bit
-    result the one-pack form's 1 (session 46)."""
+    rows of more than 1024 packs the float form's 8 (sessions 38-39)."""
     line = plan_line(shape, dtype, op, out_dtype)
     assert ("lean instance" in line) == plan.startswith("lean"), line
     if plan.startswith("lean"):
         packs = shape[1] // vec16(dtype)  # peeled rows: the aligned body's packs
-        per_thread = {"lean float": 8, "lean one": 1}.get(plan, 2)
+        per_thread = 8 if plan == "lean float" else 2
         threads = whole_warps(-(-packs // per_thread))
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert f"{per_thread} pack(s) per thread" in line, line
@@ -306,8 +303,6 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
         assert ("lean instance" in line) == (plan == "8 pack(s) per thread"), line
 
 
-# The 16-bit rows of 1024 columns take the float32 result here: same-dtype ones of one wave run the lean one-pack
-# form (session 46).
 @pytest.mark.parametrize("rows,n,lanes,threads", [
     (132, 1024, 32, 32),    # one row per warp: 132 CTAs of one warp, not 33 of four (a row per SM: not the lean's few)
     (300, 1024, 32, 64),    # 150 CTAs of two warps
@@ -316,7 +311,7 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
     (65536, 64, 8, 128),
 ])
 def test_few_warp_rows_spread_over_more_smaller_ctas(rows, n, lanes, threads):
-    line = plan_line((rows, n), torch.float16, "softmax", torch.float32 if n == 1024 else None)
+    line = plan_line((rows, n), torch.float16)
     assert "kernel warp:" in line and f"{lanes} lane(s) per row" in line, line
     assert f" x {threads} threads" in line, line
 

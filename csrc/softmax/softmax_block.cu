@@ -31,8 +31,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
         // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_instance).
         constexpr bool kBackward = Op::kStreams == 2;
-        constexpr bool kWidening = !kBackward && !std::is_same_v<typename Op::In, typename Op::Out>;
-        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks, kWidening);
+        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks);
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
         // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_instance).
         constexpr bool kCanPeel =

@@ -193,13 +193,6 @@ struct Heuristics {
   // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
-  // Many 16-bit forward rows (same-dtype result, whole packs) of kLeanOnePackMinPacks..kLeanMinPacks - 1 packs
-  // (512-2040 columns) whose one-pack CTAs fit in one wave, and the few 16-bit forward rows of up to 512 packs that
-  // few_forward takes (lean_rows), run the lean instance's one-pack form: a CTA per row, one 16-byte pack per
-  // thread (Liger's Triton kernel's shape on 1024 columns: 4 warps per row).
-  // MEASUREMENT PENDING (session 46): Liger had been 2.3-4.5% faster on 16-bit 2048 x 1024 (our warp kernel, 4
-  // packs per lane) and 128 x 1024 (the two-pack form), session 45 call 2.
-  static constexpr int64_t kLeanOnePackMinPacks = 64;
   // float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
   // also in fewer rows than SMs of 192-256 packs (8 KB of two streams; since session 40 few rows of any stream
   // dtype from kLeanFewBackwardMinColumns, below), where the 64-register instance held 4 packs of each stream per
@@ -1047,15 +1040,6 @@ class Chooser {
         !few_rows && p_.backward && g_.in_bytes == 2 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveBackwardMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
         two_pack_ctas_fit_one_wave();
-    // 16-bit forward rows (same-dtype result) the one-pack form holds: few rows few_forward takes (whole or peeled),
-    // and many whole rows of kLeanOnePackMinPacks..kLeanMinPacks - 1 packs whose one-pack CTAs fit in one wave.
-    const bool one_pack_rows = !p_.backward && g_.in_bytes == 2 && !g_.widening &&
-                               g_.n_packs <= lean_max_row_packs(kLeanOnePackRegPacks);
-    const bool one_pack_few = one_pack_rows && few_forward;
-    const bool one_pack_one_wave =
-        one_pack_rows && !few_rows && !g_.peel && g_.n_packs >= Heuristics::kLeanOnePackMinPacks &&
-        g_.n_packs < Heuristics::kLeanMinPacks &&
-        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanOnePackRegPacks));
     if (few_rows && !few_forward && !few_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
@@ -1070,16 +1054,14 @@ class Chooser {
     // online (max, sum) merge); the backward, whatever its dtypes, and the few and one-wave rows above: 2, where
     // 512 threads hold the row (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const LeanForm form = one_pack_few || one_pack_one_wave       ? LeanForm::kOnePack
-                          : p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
+    const LeanForm form = p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
                           : few_forward                         ? (two_packs_hold ? LeanForm::kTwoPacks : LeanForm::kFloat)
                           : float_forward                       ? LeanForm::kFloat
                           : g_.n_packs > Heuristics::kLeanWideMinPacks ? LeanForm::kWide
                                                                        : LeanForm::kTwoPacks;
-    if (!lean_form_exists(g_.in_bytes, p_.backward, form, g_.widening)) return std::nullopt;  // float64
+    if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const bool range_checked =
-        few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward || one_pack_one_wave;
+    const bool range_checked = few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward;
     const int64_t min_packs = range_checked    ? 1
                               : float_forward  ? Heuristics::kLeanFloatMinPacks
                               : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
@@ -1089,11 +1071,11 @@ class Chooser {
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const bool one_wave = one_wave_float_forward || one_wave_16bit_backward || one_pack_one_wave;
-    const std::string rows = few_rows ? "fewer rows than SMs, of " : one_wave ? "rows whose CTAs fit in one wave, of "
-                                                                              : "many rows of ";
+    const std::string rows = few_rows                                            ? "fewer rows than SMs, of "
+                             : one_wave_float_forward || one_wave_16bit_backward ? "rows whose CTAs fit in one wave, of "
+                                                                                 : "many rows of ";
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
-                              std::to_string(reg_packs) + (reg_packs == 1 ? " pack per thread" : " packs per thread");
+                              std::to_string(reg_packs) + " packs per thread";
     if (p_.backward) {
       // The peeled backward instance runs at 3 CTAs per SM, up to 40 registers (kLeanPeeledBackwardMinCtas).
       const std::string budget = g_.peel ? " and stream in at most 40 registers: up to 1536 threads per SM"
