@@ -24,6 +24,10 @@ COMPILE = "torch_compile"
 LIGER = "liger"
 QUACK = "quack"
 BASELINES = (EAGER, COMPILE, LIGER, QUACK)
+# Quack's fused top-k is the router form only (softmax over the k selected logits): on fused_topk rows it races
+# this counterpart of ours, which has that contract too (see PreparedCase.raced_by).
+OURS_RENORMALIZED = "softmax_ops_renormalized"
+QUACK_TOPK = "quack_topk"  # optional_baselines' key for quack.topk.topk_fwd
 
 INPUT_SCALE = 3.0  # PERF.md: random normal inputs scaled by 3, never zeros
 # One rounding step at magnitude 1 in the output dtype: the floor of the accuracy bound (torch's own error
@@ -58,6 +62,13 @@ class PreparedCase:
     yardstick: Callable[[], object]
     check: Callable[[object], Check]
     unavailable: dict[str, str] = field(default_factory=dict)
+    checks: dict[str, Callable[[object], Check]] = field(default_factory=dict)  # impl -> its own checker
+    # baseline -> the implementation of ours it races, where that is not OURS (a baseline of another contract)
+    raced_by: dict[str, str] = field(default_factory=dict)
+
+    def check_of(self, impl: str) -> Callable[[object], Check]:
+        """The checker of ``impl``'s output: its own, else the case's."""
+        return self.checks.get(impl, self.check)
 
 
 def optional_baselines() -> dict[str, Callable[..., object] | str]:
@@ -76,6 +87,12 @@ def optional_baselines() -> dict[str, Callable[..., object] | str]:
         found[QUACK + "_bwd"] = softmax_bwd
     except Exception as error:  # noqa: BLE001
         found[QUACK] = f"not available ({type(error).__name__}: {error})"
+    try:
+        from quack.topk import topk_fwd
+
+        found[QUACK_TOPK] = topk_fwd
+    except Exception as error:  # noqa: BLE001
+        found[QUACK_TOPK] = f"not available ({type(error).__name__}: {error})"
     return found
 
 
@@ -233,7 +250,21 @@ def eager_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.topk(torch.softmax(x, -1, dtype=torch.float32), k, dim=-1)
 
 
-def _prepare_topk(case: Case, device: torch.device, with_compile: bool) -> PreparedCase:
+def _index_problem(indices: torch.Tensor, shape: tuple[int, int], k: int) -> str | None:
+    """Why a fused_topk result's ``indices`` break the contract (every index in [0, N), distinct within its row),
+    or None."""
+    rows, cols = shape
+    if indices.shape != (rows, k):
+        return f"wrong indices shape {tuple(indices.shape)}"
+    if indices.min().item() < 0 or indices.max().item() >= cols:
+        return "an index is out of [0, N)"
+    sorted_indices = indices.sort(dim=-1).values
+    if k > 1 and (sorted_indices[:, 1:] == sorted_indices[:, :-1]).any().item():
+        return "duplicate indices within a row"
+    return None
+
+
+def _prepare_topk(case: Case, device: torch.device, extra: dict, with_compile: bool) -> PreparedCase:
     x = _random(case.shape, case.dtype, device, seed=0)
     k = case.k
     impls: dict[str, Callable[[], object]] = {
@@ -249,19 +280,52 @@ def _prepare_topk(case: Case, device: torch.device, with_compile: bool) -> Prepa
 
     def check(result: object) -> Check:
         values, indices = result  # type: ignore[misc]
-        if values.shape != (case.rows, k) or indices.shape != (case.rows, k) or indices.dtype != torch.int64:
-            return Check(math.inf, 0.0, f"wrong outputs {tuple(values.shape)} {tuple(indices.shape)}")
-        if indices.min().item() < 0 or indices.max().item() >= case.cols:
-            return Check(math.inf, 0.0, "an index is out of [0, N)")
-        sorted_indices = indices.sort(dim=-1).values
-        if k > 1 and (sorted_indices[:, 1:] == sorted_indices[:, :-1]).any().item():
-            return Check(math.inf, 0.0, "duplicate indices within a row")
+        if values.shape != (case.rows, k) or indices.dtype != torch.int64:
+            return Check(math.inf, 0.0, f"wrong outputs {tuple(values.shape)} {indices.dtype}")
+        problem = _index_problem(indices, case.shape, k)
+        if problem:
+            return Check(math.inf, 0.0, problem)
         # Values must be the top-k probabilities, and each must be the probability at its own index (ties
         # may pick either index, so indices are not compared with the reference's).
         error = max(_max_error(values, reference_values), _max_error(values, probabilities.gather(-1, indices)))
         return Check(error, _bound(torch_error, torch.float32))
 
-    return PreparedCase(case, impls, lambda: x.sum(dim=-1), check, unavailable)
+    prepared = PreparedCase(case, impls, lambda: x.sum(dim=-1), check, unavailable)
+    quack_topk = extra.get(QUACK_TOPK)
+    if callable(quack_topk):
+        _add_renormalized_race(prepared, x, k, probabilities, reference_values, quack_topk)
+    return prepared
+
+
+def _add_renormalized_race(prepared: PreparedCase, x: torch.Tensor, k: int, probabilities: torch.Tensor,
+                           reference_values: torch.Tensor, quack_topk: Callable[..., object]) -> None:
+    """Quack's top-k (``topk_fwd(x, k, softmax=True)``: the softmax of the k largest logits, values in x's dtype,
+    int32 indices) against ``fused_topk(x, k, -1, True)``, which returns the same values (int64 indices)."""
+    renormalized_reference = reference_values / reference_values.sum(-1, keepdim=True)
+    eager_values = eager_topk(x, k).values
+    torch_error = _max_error((eager_values / eager_values.sum(-1, keepdim=True)).to(x.dtype), renormalized_reference)
+
+    def check(result: object) -> Check:
+        values, indices = result  # type: ignore[misc]
+        if values.shape != (x.shape[0], k) or values.dtype != x.dtype:
+            return Check(math.inf, 0.0, f"wrong values {tuple(values.shape)} {values.dtype}")
+        if indices.dtype not in (torch.int32, torch.int64):
+            return Check(math.inf, 0.0, f"indices of dtype {indices.dtype}")
+        problem = _index_problem(indices, tuple(x.shape), k)
+        if problem:
+            return Check(math.inf, 0.0, problem)
+        # The selection in any order (a router does not need it sorted; ours is, and the tests say so); each value
+        # the softmax over the selected logits at its own index.
+        in_order = values.double().sort(dim=-1, descending=True).values
+        selected = probabilities.gather(-1, indices.long())
+        error = max(_max_error(in_order, renormalized_reference),
+                    _max_error(values, selected / selected.sum(-1, keepdim=True)))
+        return Check(error, _bound(torch_error, x.dtype))
+
+    prepared.impls[QUACK] = lambda: quack_topk(x, k, softmax=True)
+    prepared.impls[OURS_RENORMALIZED] = lambda: softmax_ops.fused_topk(x, k, -1, True)
+    prepared.checks.update({QUACK: check, OURS_RENORMALIZED: check})
+    prepared.raced_by[QUACK] = OURS_RENORMALIZED
 
 
 _KERNEL_FAMILY = {
@@ -299,7 +363,7 @@ def prepare_case(case: Case, device: torch.device, extra: dict, with_compile: bo
     torch.compile baseline (compiled here, with softmax_ops' pass disabled).
     """
     if case.op == TOPK_OP:
-        return _prepare_topk(case, device, with_compile)
+        return _prepare_topk(case, device, extra, with_compile)
     if case.op in BACKWARD_OPS:
         return _prepare_backward(case, device, extra, with_compile)
     return _prepare_forward(case, device, extra, with_compile)

@@ -71,6 +71,8 @@ class CaseResult:
     kernel: str | None
     notes: dict[str, str]  # impl -> why it was not timed (failed check, unavailable, error)
     round_times: dict[str, list[float]] = field(default_factory=dict)  # impl -> each round's ms
+    # baseline -> the implementation of ours it races where that is not "softmax_ops" (Quack's renormalized top-k)
+    raced_by: dict[str, str] = field(default_factory=dict)
 
     def disagreeing_rounds(self, factor: float = ROUND_SPREAD_FLAG) -> dict[str, list[float]]:
         """The implementations whose slowest round took more than ``factor`` times their fastest."""
@@ -86,14 +88,15 @@ class CaseResult:
             rows.append(Row(
                 op=self.case.op, dtype=self.case.dtype_name, shape=self.case.shape_text, impl=impl, ms=ms,
                 gbps=gbps, ratio=ratio, ratio_name=self.case.reference_name,
-                kernel=self.kernel if impl == "softmax_ops" else None, k=self.case.k,
+                kernel=self.kernel if impl in _OURS_IMPLS else None, k=self.case.k,
                 note=self.notes.get(impl), ms_rounds=self.round_times.get(impl),
                 out_dtype=self.case.out_dtype_name,
             ))
         return rows
 
     def speedup(self, baseline: str) -> float | None:
-        ours, theirs = self.times.get("softmax_ops"), self.times.get(baseline)
+        """``baseline``'s time over the time of the implementation of ours it races."""
+        ours, theirs = self.times.get(self.raced_by.get(baseline, "softmax_ops")), self.times.get(baseline)
         return theirs / ours if ours and theirs else None
 
     @property
@@ -102,7 +105,9 @@ class CaseResult:
         return self.yardstick_ms / ours if ours and self.yardstick_ms else None
 
 
-_IMPL_ORDER = ("softmax_ops", "torch_eager", "torch_compile", "liger", "quack")
+# softmax_ops_renormalized: fused_topk(x, k, -1, True), timed where Quack's top-k races it (_bench_impls.py).
+_OURS_IMPLS = ("softmax_ops", "softmax_ops_renormalized")
+_IMPL_ORDER = (*_OURS_IMPLS, "torch_eager", "torch_compile", "liger", "quack")
 
 
 def _impl_order(impl: str) -> int:

@@ -132,12 +132,14 @@ def run_case(case: Case, device: torch.device, timer: Timer, extra: dict, wanted
     except Exception as error:  # noqa: BLE001  (e.g. the eager reference failing on this shape)
         return CaseResult(case, None, {}, None, {OURS: f"setup failed: {type(error).__name__}: {error}"})
     notes = {impl: why for impl, why in prepared.unavailable.items() if impl in wanted}
+    # Ours, the wanted baselines, and the implementation of ours each of them races where that is not OURS.
+    timed = {OURS, *wanted, *(prepared.raced_by[name] for name in wanted if name in prepared.raced_by)}
     checked: dict[str, Callable[[], object]] = {}
     for impl, fn in prepared.impls.items():
-        if impl != OURS and impl not in wanted:
+        if impl not in timed:
             continue
         try:
-            check = prepared.check(fn())
+            check = prepared.check_of(impl)(fn())
         except Exception as error:  # noqa: BLE001  (one broken implementation must not end the sweep)
             notes[impl] = f"error: {type(error).__name__}: {str(error).splitlines()[0][:200]}"
             continue
@@ -149,11 +151,12 @@ def run_case(case: Case, device: torch.device, timer: Timer, extra: dict, wanted
     round_times = time_in_rounds(checked, timer, rounds)
     yardstick_ms = min(round_times.pop(YARDSTICK))
     kernel = chosen_kernel(case.op, case.shape, case.stream_dtype, case.k, device, case.explain_out_dtype)
+    raced_by = {name: ours for name, ours in prepared.raced_by.items() if name in wanted}
     del prepared, checked
     if device.type == "cuda":
         torch.cuda.empty_cache()
     times = {impl: min(samples) for impl, samples in round_times.items()}
-    return CaseResult(case, yardstick_ms, times, kernel, notes, round_times)
+    return CaseResult(case, yardstick_ms, times, kernel, notes, round_times, raced_by)
 
 
 def time_in_rounds(fns: dict[str, Callable[[], object]], timer: Timer, rounds: int) -> dict[str, list[float]]:

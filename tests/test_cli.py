@@ -17,11 +17,11 @@ from conftest import requires_cuda
 
 import softmax_ops
 from softmax_ops import _bench_cases as cases
-from softmax_ops._bench_impls import chosen_kernel
+from softmax_ops._bench_impls import EAGER, OURS, OURS_RENORMALIZED, QUACK, QUACK_TOPK, chosen_kernel
 from softmax_ops._bench_report import CaseResult
 from softmax_ops._bench_timing import TIMER_KINDS, make_timer
 from softmax_ops.bench import main as bench_main
-from softmax_ops.bench import time_in_rounds
+from softmax_ops.bench import run_case, time_in_rounds
 
 PACKAGE_ROOT = Path(softmax_ops.__file__).resolve().parent.parent
 TINY_DEMO = ["--device", "cpu", "--tokens", "32", "--hidden", "32", "--heads", "2", "--experts", "4",
@@ -141,6 +141,51 @@ def test_bench_rounds_take_turns_and_report_each_implementations_fastest(tmp_pat
     with pytest.raises(SystemExit):
         bench_main([*QUICK_BENCH, "--rounds", "0"])
     assert "--rounds must be at least 1" in capsys.readouterr().err
+
+
+def quack_like_topk(x: torch.Tensor, k: int, softmax: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quack's ``topk_fwd`` contract (quack-kernels 0.6.5), written with torch ops for the bench's plumbing: the k
+    largest logits' int32 indices and, with ``softmax=True``, the softmax over those k logits in x's dtype."""
+    logits, indices = torch.topk(x.float(), k, dim=-1)
+    values = torch.softmax(logits, -1) if softmax else logits
+    return values.to(x.dtype), indices.to(torch.int32)
+
+
+def test_bench_races_quacks_router_topk_against_our_renormalized_form():
+    """Quack's fused top-k is the renormalized (router) form: on fused_topk rows it is checked against that
+    contract and its speedup divides by fused_topk(x, k, -1, True)'s time, timed in the same rounds; a result
+    breaking the contract is reported, not timed; without Quack wanted, the renormalized form is not timed."""
+    case = cases.build_cases(["fused_topk"], ["fp32"], [(64, 100, 4)], quick=False)[0]
+    cpu = torch.device("cpu")
+    ticks = iter(range(1, 1000))
+
+    def timer(fn):  # every timing a different "time", so each speedup shows which two times it divides
+        fn()
+        return float(next(ticks))
+
+    result = run_case(case, cpu, timer, {QUACK_TOPK: quack_like_topk}, [EAGER, QUACK], with_compile=False)
+    assert set(result.times) == {OURS, OURS_RENORMALIZED, EAGER, QUACK}, result.notes
+    assert result.raced_by == {QUACK: OURS_RENORMALIZED}
+    assert result.times[OURS] != result.times[OURS_RENORMALIZED]
+    assert result.speedup(QUACK) == result.times[QUACK] / result.times[OURS_RENORMALIZED]
+    assert result.speedup(EAGER) == result.times[EAGER] / result.times[OURS]
+    rows = {row.impl: row for row in result.rows()}
+    assert rows[OURS_RENORMALIZED].kernel == rows[OURS].kernel == "cpu" and rows[QUACK].kernel is None
+
+    def unnormalized(x, k, softmax=False):  # the top-k logits themselves: not the router's probabilities
+        return quack_like_topk(x, k, softmax=False)
+
+    def duplicated(x, k, softmax=False):
+        values, indices = quack_like_topk(x, k, softmax)
+        return values, indices[:, :1].expand(-1, k).contiguous()
+
+    for broken, problem in [(unnormalized, "max error"), (duplicated, "duplicate indices")]:
+        result = run_case(case, cpu, timer, {QUACK_TOPK: broken}, [EAGER, QUACK], with_compile=False)
+        assert QUACK not in result.times and result.notes[QUACK].startswith("WRONG"), result.notes
+        assert problem in result.notes[QUACK]
+        assert result.speedup(QUACK) is None
+    result = run_case(case, cpu, timer, {QUACK_TOPK: quack_like_topk}, [EAGER], with_compile=False)
+    assert set(result.times) == {OURS, EAGER} and result.raced_by == {}
 
 
 def test_bench_plot_writes_png(tmp_path, capsys):
