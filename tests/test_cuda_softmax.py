@@ -887,8 +887,10 @@ def test_softmax_rows_with_offset_maxima(n, in_dtype, out_dtype):
     rows = offsets.numel() * (256 if n == 64 else 1)  # 64 columns: enough rows for the short-row plan
     x64 = make_input((rows, n), torch.float64, seed=n, device="cpu") + offsets.repeat(rows // offsets.numel())[:, None]
     x = x64.to(in_dtype).cuda()
-    expected = "lean instance" if n >= 4096 or (in_dtype == torch.float32 and n >= 1024) else "warp"
-    assert expected in softmax_ops.explain(tuple(x.shape), in_dtype, op="softmax")
+    # 1024 columns of a 16-bit result: one wave of the lean one-pack form (session 46)
+    one_pack = n == 1024 and in_dtype != torch.float32 and out_dtype is None
+    expected = "lean instance" if n >= 4096 or (in_dtype == torch.float32 and n >= 1024) or one_pack else "warp"
+    assert expected in softmax_ops.explain(tuple(x.shape), in_dtype, op="softmax", out_dtype=out_dtype)
     check_forward("softmax", x, -1, out_dtype)
 
 
@@ -1097,6 +1099,29 @@ def test_float32_rows_of_one_wave_on_the_lean_two_pack_form(rows, n, op):
 @pytest.mark.parametrize("op", list(OPS))
 def test_float32_rows_of_1024_columns_over_a_wave_on_the_float_form(op):
     check_lean_rows((16 * sm_count() + 1, 1024), torch.float32, None, op, 8)
+
+
+# Many 16-bit rows of 64-255 packs (512-2040 columns) with a 16-bit result whose one-pack CTAs fit in one wave: the
+# lean one-pack form, a CTA per row of one pack per thread (lean_rows, kLeanOnePackMinPacks; session 46). Rows as
+# (CTAs per SM, extra rows) are that many waves' worth on this device: 128 packs in CTAs of 128 threads, 16 per SM
+# (a whole wave, then one row more: the warp kernel); 64 packs in CTAs of 64 threads, 32 per SM; 125 packs (1000
+# columns) leave the last warp's 3 threads padding; 97 packs (776 columns), 255 packs (2040 columns).
+ONE_PACK_WAVE_CASES = [(2048, 1024, True), ((16, 0), 1024, True), ((16, 1), 1024, False), ((32, 0), 512, True),
+                       ((32, 1), 512, False), (1000, 1000, True), (600, 776, True), (1000, 2040, True)]
+
+
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("rows,n,one_pack", ONE_PACK_WAVE_CASES)
+def test_16_bit_rows_of_one_wave_on_the_lean_one_pack_form(rows, n, one_pack, dtype, op):
+    if isinstance(rows, tuple):
+        per_sm, extra = rows
+        rows = per_sm * sm_count() + extra
+    if one_pack:
+        check_lean_rows((rows, n), dtype, None, op, 1)
+    else:
+        assert "kernel warp: " in softmax_ops.explain((rows, n), dtype, op=op)
+        check_forward(op, make_input((rows, n), dtype, seed=n))
 
 
 # Rows whose largest probability is near 1 (one logit 6 above the rest's max, or the float32 2 x 263 input of session

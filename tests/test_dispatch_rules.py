@@ -200,8 +200,9 @@ def test_float32_backward_rows_from_768_columns_take_the_lean_block_instance(sha
 
 
 @pytest.mark.parametrize("shape,dtype,kernel,packs", [
-    ((200, 2040), torch.float16, "block_onepass", 1),  # 8 packs per lane in a warp: spread over a CTA
-    ((200, 1024), torch.float16, "warp", None),        # 4 packs per lane: the warp kernel was faster (H200)
+    ((200, 2040), torch.float16, "block_onepass", 1),  # one wave of one-pack CTAs: the lean one-pack form
+    ((200, 1024), torch.float16, "block_onepass", 1),  # (session 46; the warp kernel before, 4 packs per lane)
+    ((200, 504), torch.float32, "warp", None),         # float32 rows of fewer than 128 packs: the warp kernel
     ((128, 2048), torch.float16, "block_onepass", 2),  # fewer rows than SMs: the lean instance (session 38)
     ((128, 1024), torch.float16, "block_onepass", 2),
     ((128, 1024), torch.float32, "block_onepass", 2),  # fewer float32 rows than SMs: the lean instance (session 39)
@@ -225,9 +226,9 @@ FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
     ((131, 4096), BF16, None, "lean"),              # 512 packs, one row fewer than SMs
     ((8, 8192), FP16, None, "lean"),                # 1024 packs: 512 threads, the most
     ((8, 8200), FP16, None, "kernel cluster_onepass:"),  # 1025 packs: a cluster per row
-    ((132, 1024), FP16, None, "kernel warp:"),      # a row per SM: the warp kernel, 4 packs per lane
+    ((132, 1024), FP16, None, "lean one"),          # a row per SM: one wave of the one-pack form (session 46)
     ((131, 2040), FP16, None, "lean"),
-    ((132, 2040), BF16, None, "1 pack(s) per thread"),  # spread_small_rows: 132-264 rows of 129-255 packs
+    ((132, 2040), BF16, None, "lean one"),          # one wave of 256-thread CTAs (spread_small_rows before)
     ((64, 1001), BF16, None, "lean"),               # peeled rows, the body's plan
     ((64, 263), FP16, None, "lean"),                # peeled, a body of 32 packs
     ((64, 255), FP16, None, "kernel warp:"),        # peeled, a body of 31 packs
@@ -266,7 +267,7 @@ def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, 
     assert ("lean instance" in line) == plan.startswith("lean"), line
     if plan.startswith("lean"):
         packs = shape[1] // vec16(dtype)  # peeled rows: the aligned body's packs
-        per_thread = 8 if plan == "lean float" else 2
+        per_thread = {"lean float": 8, "lean one": 1}.get(plan, 2)
         threads = whole_warps(-(-packs // per_thread))
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert f"{per_thread} pack(s) per thread" in line, line
@@ -303,6 +304,35 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
         assert ("lean instance" in line) == (plan == "8 pack(s) per thread"), line
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("shape,dtype,out_dtype,plan", [
+    ((2048, 1024), FP16, None, "lean one"),         # 128 packs: CTAs of 128 threads, 16 per SM: 2112 rows a wave
+    ((2112, 1024), BF16, None, "lean one"),         # one whole wave
+    ((2113, 1024), FP16, None, "kernel warp:"),     # more: the warp kernel
+    ((4224, 512), FP16, None, "lean one"),          # 64 packs, the fewest: CTAs of 64 threads, 32 per SM
+    ((4225, 512), FP16, None, "kernel warp:"),
+    ((4096, 504), FP16, None, "kernel warp:"),      # 63 packs
+    ((1000, 1000), BF16, None, "lean one"),         # 125 packs: the last warp's 3 threads hold padding
+    ((1056, 2040), FP16, None, "lean one"),         # 255 packs: CTAs of 256 threads, 8 per SM
+    ((1057, 2040), FP16, None, "kernel warp:"),
+    ((2048, 2048), FP16, None, "lean"),             # 256 packs: the two-pack form (kLeanMinPacks)
+    ((2048, 1024), FP16, FP32, "kernel warp:"),     # a float32 result: the warp kernel
+    ((2048, 1023), FP16, None, "kernel warp:"),     # rows that break packs: the warp kernel, peeled
+    ((128, 1024), FP16, None, "lean"),              # fewer rows than SMs: the two-pack form (one pack measured even)
+])
+def test_many_16_bit_rows_of_one_wave_take_the_lean_one_pack_form(shape, dtype, out_dtype, plan, op):
+    """softmax_dispatch.cpp, kLeanOnePackMinPacks: many whole 16-bit rows of 64-255 packs (512-2040 columns) with a
+    16-bit result take the lean one-pack form where its CTAs fit on the device at once (session 46)."""
+    line = plan_line(shape, dtype, op, out_dtype)
+    if plan.startswith("lean"):
+        per_thread = 1 if plan == "lean one" else 2
+        threads = whole_warps(-(-(shape[1] // 8) // per_thread))
+        assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line
+        assert f"{per_thread} pack(s) per thread" in line and "lean instance" in line, line
+    else:
+        assert plan in line and "lean instance" not in line, line
+
+
 @pytest.mark.parametrize("rows,n,lanes,threads", [
     (132, 1024, 32, 32),    # one row per warp: 132 CTAs of one warp, not 33 of four (a row per SM: not the lean's few)
     (300, 1024, 32, 64),    # 150 CTAs of two warps
@@ -311,7 +341,8 @@ def test_many_float32_rows_of_one_wave_take_the_lean_two_pack_form(shape, plan, 
     (65536, 64, 8, 128),
 ])
 def test_few_warp_rows_spread_over_more_smaller_ctas(rows, n, lanes, threads):
-    line = plan_line((rows, n), torch.float16)
+    # 1024 columns of a float32 result: same-dtype rows of one wave run the lean one-pack form (session 46)
+    line = plan_line((rows, n), torch.float16, "softmax", torch.float32 if n == 1024 else None)
     assert "kernel warp:" in line and f"{lanes} lane(s) per row" in line, line
     assert f" x {threads} threads" in line, line
 

@@ -31,7 +31,8 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
             kRegPacks == grid_stream_reg_packs(kDTypeOf<typename Op::In>, Op::kStreams == 2, kVec > 1);
         // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_instance).
         constexpr bool kBackward = Op::kStreams == 2;
-        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks);
+        constexpr bool kWidening = !kBackward && !std::is_same_v<typename Op::In, typename Op::Out>;
+        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks, kWidening);
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
         // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_instance).
         constexpr bool kCanPeel =
@@ -40,7 +41,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
           if (plan.peel) {
             if (plan.stream_rest || plan.prefetch) return cudaErrorInvalidValue;  // never planned
             if (plan.lean) {
-              if constexpr (kCanLean) {
+              if constexpr (kCanLean && kRegPacks != kLeanOnePackRegPacks) {  // the one-pack form: whole rows only
                 return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, false, true, true>, args);
               } else {
                 return cudaErrorInvalidValue;  // never planned: see lean_rows

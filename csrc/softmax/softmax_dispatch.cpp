@@ -193,6 +193,18 @@ struct Heuristics {
   // 16384 x 1024 -1.6 / -1.7%, 8192 x 1280 -4.5 / -3.0%, 4096 x 1536 -5.0 / -3.3%, 2048 x 2044 -6.1 / -7.0%
   // (*session17-c9-compare-lean-float-short.txt*).
   static constexpr int64_t kLeanFloatMinPacks = 256;
+  // Many 16-bit forward rows (same-dtype result, whole packs) of kLeanOnePackMinPacks..kLeanMinPacks - 1 packs
+  // (512-2040 columns) whose one-pack CTAs fit in one wave run the lean instance's one-pack form: a CTA per row,
+  // one 16-byte pack per thread (Liger's Triton kernel's shape on 1024 columns: 4 warps per row), instead of the warp
+  // kernel (up to 8 packs per lane). In one wave each thread's chain from its load to its store is the kernel's time;
+  // one pack per thread makes it the shortest. H100, session 46 call 1 (tune_softmax.py, three runs in turns, us,
+  // warp -> one-pack, fp16 / bf16, *session46-c1-compare-lean-one-pack.txt*): softmax 1000 x 2040 8.8-9.0 / 8.9-9.1
+  // -> 7.9-8.0 / 7.8-7.9 (-11 / -12%), 200 x 2040 -11 / -10%, 132 x 1024 -4 / -5%, 2048 x 768 -3 / -4%, 2048 x 1024
+  // 7.9-8.1 / 8.0-8.2 -> 7.7-7.9 / 7.9-8.0 (-2.3 / -1.7%), 1000 x 1000 -1 / -3%, 2048 x 512 -0.7 / -1.0%; log_softmax
+  // -0.6..-12%, 2048 x 512 fp16 +0.3%. The same form for fewer rows than SMs (in place of the two-pack form) gained
+  // nothing: 128 x 1024 -0.7 / +0.3%, 64 x 1001 -1.0 / 0%, and lost on longer rows: 64 x 2048 +0.6 / +1.1%, 128 x
+  // 4096 +0.8 / +0.7%, 4 x 4096 +2.5 / +2.3% (log_softmax alike): not taken.
+  static constexpr int64_t kLeanOnePackMinPacks = 64;
   // float32 backward rows (aligned) take the lean instance from this many packs (768 columns), and
   // also in fewer rows than SMs of 192-256 packs (8 KB of two streams; since session 40 few rows of any stream
   // dtype from kLeanFewBackwardMinColumns, below), where the 64-register instance held 4 packs of each stream per
@@ -1040,6 +1052,12 @@ class Chooser {
         !few_rows && p_.backward && g_.in_bytes == 2 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveBackwardMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
         two_pack_ctas_fit_one_wave();
+    // Many whole 16-bit forward rows (same-dtype result) of kLeanOnePackMinPacks..kLeanMinPacks - 1 packs whose
+    // one-pack CTAs fit in one wave (session 46).
+    const bool one_pack_one_wave =
+        !few_rows && !p_.backward && g_.in_bytes == 2 && !g_.widening && !g_.peel &&
+        g_.n_packs >= Heuristics::kLeanOnePackMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
+        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanOnePackRegPacks));
     if (few_rows && !few_forward && !few_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,
@@ -1054,14 +1072,16 @@ class Chooser {
     // online (max, sum) merge); the backward, whatever its dtypes, and the few and one-wave rows above: 2, where
     // 512 threads hold the row (softmax_launch.h).
     const bool float_forward = !p_.backward && g_.in_bytes == 4;
-    const LeanForm form = p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
+    const LeanForm form = one_pack_one_wave                       ? LeanForm::kOnePack
+                          : p_.backward || one_wave_float_forward ? LeanForm::kTwoPacks
                           : few_forward                         ? (two_packs_hold ? LeanForm::kTwoPacks : LeanForm::kFloat)
                           : float_forward                       ? LeanForm::kFloat
                           : g_.n_packs > Heuristics::kLeanWideMinPacks ? LeanForm::kWide
                                                                        : LeanForm::kTwoPacks;
-    if (!lean_form_exists(g_.in_bytes, p_.backward, form)) return std::nullopt;  // float64
+    if (!lean_form_exists(g_.in_bytes, p_.backward, form, g_.widening)) return std::nullopt;  // float64
     const int reg_packs = lean_reg_packs(form);
-    const bool range_checked = few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward;
+    const bool range_checked =
+        few_forward || one_wave_float_forward || few_backward || one_wave_16bit_backward || one_pack_one_wave;
     const int64_t min_packs = range_checked    ? 1
                               : float_forward  ? Heuristics::kLeanFloatMinPacks
                               : float_backward ? Heuristics::kLeanFloatBackwardMinPacks
@@ -1071,11 +1091,11 @@ class Chooser {
     SoftmaxPlan plan = one_pass_plan(SoftmaxKernel::kBlockOnePass, g_, CacheShape{threads, reg_packs, 0, 0});
     plan.lean = true;
     plan.grid = std::min(g_.rows, grid_cap(props_, plan.threads));
-    const std::string rows = few_rows                                            ? "fewer rows than SMs, of "
-                             : one_wave_float_forward || one_wave_16bit_backward ? "rows whose CTAs fit in one wave, of "
-                                                                                 : "many rows of ";
+    const bool one_wave = one_wave_float_forward || one_wave_16bit_backward || one_pack_one_wave;
+    const std::string rows = few_rows ? "fewer rows than SMs, of " : one_wave ? "rows whose CTAs fit in one wave, of "
+                                                                              : "many rows of ";
     const std::string shape = rows + kib(g_.row_bytes) + " (" + std::to_string(p_.n) + " columns): a CTA per row, " +
-                              std::to_string(reg_packs) + " packs per thread";
+                              std::to_string(reg_packs) + (reg_packs == 1 ? " pack per thread" : " packs per thread");
     if (p_.backward) {
       // The peeled backward instance runs at 3 CTAs per SM, up to 40 registers (kLeanPeeledBackwardMinCtas).
       const std::string budget = g_.peel ? " and stream in at most 40 registers: up to 1536 threads per SM"

@@ -101,6 +101,9 @@ constexpr int kLeanWideRegPacks = 4;
 // instance's bytes in flight (128 KB per SM), CTAs of up to 256 threads, 4 per SM, <= 64 registers.
 constexpr int kLeanFloatCtaThreads = 256;
 constexpr int kLeanFloatRegPacks = 8;
+// ... and its one-pack form (softmax_dispatch.cpp: lean_rows): many whole 16-bit forward rows of one wave, one
+// 16-byte pack per thread, so that each thread's chain from load to store is as short as it gets.
+constexpr int kLeanOnePackRegPacks = 1;
 // The lean instance's forms. lean_rows (softmax_dispatch.cpp) picks one per plan; softmax_block.cu compiles the
 // instance of every form an op has (lean_instance), and no other.
 enum class LeanForm {
@@ -108,20 +111,26 @@ enum class LeanForm {
               // forward rows, float32 forward rows of few rows (up to 4096 columns) or of one wave (session 39)
   kWide,      // kLeanWideRegPacks: many 16-bit forward rows of more than kLeanWideMinPacks packs
   kFloat,     // kLeanFloatRegPacks: other float32 forward rows
+  kOnePack,   // kLeanOnePackRegPacks: many whole 16-bit forward rows of one wave (lean_rows; never peeled)
 };
 constexpr int lean_reg_packs(LeanForm form) {
-  return form == LeanForm::kWide ? kLeanWideRegPacks : form == LeanForm::kFloat ? kLeanFloatRegPacks : kLeanRegPacks;
+  return form == LeanForm::kWide      ? kLeanWideRegPacks
+         : form == LeanForm::kFloat   ? kLeanFloatRegPacks
+         : form == LeanForm::kOnePack ? kLeanOnePackRegPacks
+                                      : kLeanRegPacks;
 }
-// Whether rows of `in_bytes`-byte input streams have `form` (float64 has none).
-constexpr bool lean_form_exists(int in_bytes, bool backward, LeanForm form) {
+// Whether rows of `in_bytes`-byte input streams have `form` (float64 has none); `widening`: a 16-bit forward input
+// with a float32 result, which has no one-pack form.
+constexpr bool lean_form_exists(int in_bytes, bool backward, LeanForm form, bool widening) {
   if (in_bytes != 2 && in_bytes != 4) return false;
   if (backward || form == LeanForm::kTwoPacks) return form == LeanForm::kTwoPacks;
+  if (form == LeanForm::kOnePack) return in_bytes == 2 && !widening;
   return form == (in_bytes == 4 ? LeanForm::kFloat : LeanForm::kWide);
 }
 // Whether one of those forms holds `reg_packs` per thread: the lean instances softmax_block.cu compiles.
-constexpr bool lean_instance(int in_bytes, bool backward, int reg_packs) {
-  for (LeanForm form : {LeanForm::kTwoPacks, LeanForm::kWide, LeanForm::kFloat}) {
-    if (lean_form_exists(in_bytes, backward, form) && lean_reg_packs(form) == reg_packs) return true;
+constexpr bool lean_instance(int in_bytes, bool backward, int reg_packs, bool widening) {
+  for (LeanForm form : {LeanForm::kTwoPacks, LeanForm::kWide, LeanForm::kFloat, LeanForm::kOnePack}) {
+    if (lean_form_exists(in_bytes, backward, form, widening) && lean_reg_packs(form) == reg_packs) return true;
   }
   return false;
 }
