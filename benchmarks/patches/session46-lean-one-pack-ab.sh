@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The lean one-pack form's GPU call (prepared in session 46, which got no GPU). Here, before the call:
+# The lean one-pack form's A/B call: session 46's call 1 (its results: results/*session46-c1-*). To repeat it on the
+# tree before that form landed (7e6a9a5), here, before the call:
 #   git apply benchmarks/patches/session46-lean-one-pack-experiment.patch
 #   mkdir .ab-base && git archive HEAD softmax_ops csrc meta pyproject.toml | tar x -C .ab-base
 # then on the device: bash benchmarks/patches/session46-lean-one-pack-ab.sh
 # A/B of the one-pack form (working tree) against HEAD (.ab-base) on 16-bit rows it takes (many rows of one wave,
 # few rows), tune_softmax.py, 3 runs in turns (about 5 minutes with both builds); then the new tree's lean / few-row /
-# one-pack GPU tests and the dispatch rules. Session 46 ran nothing of it.
+# one-pack GPU tests and the dispatch rules.
 set -uo pipefail
 start=$(date +%s)
 el() { echo $(( $(date +%s) - start )); }
