@@ -276,7 +276,8 @@ def _prepare_topk(case: Case, device: torch.device, extra: dict, with_compile: b
         _add_compiled(impls, unavailable, lambda t: eager_topk(t, k), x)
     probabilities = torch.softmax(x.double(), -1)
     reference_values = torch.topk(probabilities, k, dim=-1).values
-    torch_error = _max_error(eager_topk(x, k).values, reference_values)
+    eager_values = eager_topk(x, k).values
+    torch_error = _max_error(eager_values, reference_values)
 
     def check(result: object) -> Check:
         values, indices = result  # type: ignore[misc]
@@ -293,16 +294,17 @@ def _prepare_topk(case: Case, device: torch.device, extra: dict, with_compile: b
     prepared = PreparedCase(case, impls, lambda: x.sum(dim=-1), check, unavailable)
     quack_topk = extra.get(QUACK_TOPK)
     if callable(quack_topk):
-        _add_renormalized_race(prepared, x, k, probabilities, reference_values, quack_topk)
+        _add_renormalized_race(prepared, x, k, probabilities, reference_values, eager_values, quack_topk)
     return prepared
 
 
 def _add_renormalized_race(prepared: PreparedCase, x: torch.Tensor, k: int, probabilities: torch.Tensor,
-                           reference_values: torch.Tensor, quack_topk: Callable[..., object]) -> None:
+                           reference_values: torch.Tensor, eager_values: torch.Tensor,
+                           quack_topk: Callable[..., object]) -> None:
     """Quack's top-k (``topk_fwd(x, k, softmax=True)``: the softmax of the k largest logits, values in x's dtype,
-    int32 indices) against ``fused_topk(x, k, -1, True)``, which returns the same values (int64 indices)."""
+    int32 indices) against ``fused_topk(x, k, -1, True)``, which returns the same values (int64 indices).
+    ``eager_values``: the eager reference's top-k probabilities, whose renormalization gives torch's own error."""
     renormalized_reference = reference_values / reference_values.sum(-1, keepdim=True)
-    eager_values = eager_topk(x, k).values
     torch_error = _max_error((eager_values / eager_values.sum(-1, keepdim=True)).to(x.dtype), renormalized_reference)
 
     def check(result: object) -> Check:

@@ -32,7 +32,10 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
         // The lean instance: 16-byte packs, the register packs of one of the op's lean forms (lean_instance).
         constexpr bool kBackward = Op::kStreams == 2;
         constexpr bool kWidening = !kBackward && !std::is_same_v<typename Op::In, typename Op::Out>;
-        constexpr bool kCanLean = kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks, kWidening);
+        constexpr bool kCanLean =
+            kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks, kWidening, /*peel=*/false);
+        constexpr bool kCanLeanPeel =
+            kVec > 1 && lean_instance(sizeof(typename Op::In), kBackward, kRegPacks, kWidening, /*peel=*/true);
         // Peeled rows (plan.peel): 16-byte packs, the most register packs (like single elements: see cache_shape),
         // the lean forms' packs, or the fewer packs of a spread few-rows plan (peel_few_rows; peeled_instance).
         constexpr bool kCanPeel =
@@ -41,7 +44,7 @@ cudaError_t with_block_kernel(const SoftmaxProblem& problem, const SoftmaxPlan& 
           if (plan.peel) {
             if (plan.stream_rest || plan.prefetch) return cudaErrorInvalidValue;  // never planned
             if (plan.lean) {
-              if constexpr (kCanLean && kRegPacks != kLeanOnePackRegPacks) {  // the one-pack form: whole rows only
+              if constexpr (kCanLeanPeel) {
                 return fn(softmax_block_kernel<Op, kVec, kRegPacks, false, false, true, true>, args);
               } else {
                 return cudaErrorInvalidValue;  // never planned: see lean_rows

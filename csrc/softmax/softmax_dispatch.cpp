@@ -1035,15 +1035,16 @@ class Chooser {
     const bool few_forward =
         few_rows && !p_.backward && columns <= Heuristics::kLeanFewMaxColumns &&
         columns >= (float_result ? Heuristics::kLeanFewFloatResultMinColumns : Heuristics::kLeanFewMinColumns);
-    // Whether every row's two-pack CTA is resident at once (asked only of rows of at least one pack).
-    const auto two_pack_ctas_fit_one_wave = [&] {
-      return g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanRegPacks));
+    // Whether every row's CTA of `reg_packs` packs per thread is resident at once (asked only of rows of at least
+    // one pack).
+    const auto ctas_fit_one_wave = [&](int reg_packs) {
+      return g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, reg_packs));
     };
     const bool two_packs_hold = g_.n_packs <= lean_max_row_packs(kLeanRegPacks);
     const bool one_wave_float_forward =
         !few_rows && !p_.backward && g_.in_bytes == 4 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveFloatMinPacks && g_.n_packs <= Heuristics::kLeanFloatMinPacks &&
-        two_pack_ctas_fit_one_wave();
+        ctas_fit_one_wave(kLeanRegPacks);
     // Few backward rows of kLeanFewBackwardMinColumns up to the two-pack form's packs (any stream dtype), and many
     // 16-bit backward rows of kLeanOneWaveBackwardMinPacks..kLeanMinPacks - 1 whole packs in one wave (session 40).
     const bool few_backward =
@@ -1051,13 +1052,13 @@ class Chooser {
     const bool one_wave_16bit_backward =
         !few_rows && p_.backward && g_.in_bytes == 2 && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOneWaveBackwardMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
-        two_pack_ctas_fit_one_wave();
+        ctas_fit_one_wave(kLeanRegPacks);
     // Many whole 16-bit forward rows (same-dtype result) of kLeanOnePackMinPacks..kLeanMinPacks - 1 packs whose
     // one-pack CTAs fit in one wave (session 46).
     const bool one_pack_one_wave =
         !few_rows && !p_.backward && g_.in_bytes == 2 && !g_.widening && !g_.peel &&
         g_.n_packs >= Heuristics::kLeanOnePackMinPacks && g_.n_packs < Heuristics::kLeanMinPacks &&
-        g_.rows <= props_.sm_count * resident_ctas_per_sm(props_, cta_threads(g_.n_packs, kLeanOnePackRegPacks));
+        ctas_fit_one_wave(kLeanOnePackRegPacks);
     if (few_rows && !few_forward && !few_backward) return std::nullopt;
     // Widening rows (a float32 result) of up to 4 KB per input take the warp kernel (warp_max_row_bytes). H100,
     // session 26 call 3 (two rounds in turns, us, lean -> warp, softmax fp16 / bf16,

@@ -127,9 +127,11 @@ constexpr bool lean_form_exists(int in_bytes, bool backward, LeanForm form, bool
   if (form == LeanForm::kOnePack) return in_bytes == 2 && !widening;
   return form == (in_bytes == 4 ? LeanForm::kFloat : LeanForm::kWide);
 }
-// Whether one of those forms holds `reg_packs` per thread: the lean instances softmax_block.cu compiles.
-constexpr bool lean_instance(int in_bytes, bool backward, int reg_packs, bool widening) {
+// Whether one of those forms holds `reg_packs` per thread: the lean instances softmax_block.cu compiles, whole
+// (peel false) or peeled (every form but the one-pack form, which lean_rows gives whole rows only).
+constexpr bool lean_instance(int in_bytes, bool backward, int reg_packs, bool widening, bool peel) {
   for (LeanForm form : {LeanForm::kTwoPacks, LeanForm::kWide, LeanForm::kFloat, LeanForm::kOnePack}) {
+    if (peel && form == LeanForm::kOnePack) continue;
     if (lean_form_exists(in_bytes, backward, form, widening) && lean_reg_packs(form) == reg_packs) return true;
   }
   return false;
