@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quack (quack-kernels 0.6.5) for the bench on the device machine, which has no network and takes a limited working
-# tree per call (64 MiB by its README; in session 46 a call carrying 31.8 MB beside the 11.5 MB tree was refused, one
-# carrying 0.9 MB was not). Quack needs the CuTe DSL (nvidia-cutlass-dsl 4.8.1), whose CUDA 13 libraries come in a
+# tree per call (64 MiB by its README, tracked files included: the tree was 51.7 MB in session 47, when calls carrying
+# a 16 MB piece were refused, and 34 MB once superseded plots left it). Quack needs the CuTe DSL (nvidia-cutlass-dsl 4.8.1), whose CUDA 13 libraries come in a
 # 92 MB wheel (a stripped 189 MB MLIR module). Its files travel xz-compressed (64 MB) in PARTS pieces (default 4,
 # ~16 MB each), one per call, on the same warm machine; the small wheels (8 MB) travel with the first piece.
 #
