@@ -218,6 +218,13 @@ def test_small_rows_take_the_kernel_measured_faster(shape, dtype, kernel, packs)
 FP16, BF16, FP32 = torch.float16, torch.bfloat16, torch.float32
 
 
+def lean_cta_shape(plan: str, packs: int) -> tuple[int, int]:
+    """(threads, packs per thread) of a lean CTA per row of `packs` 16-byte packs, by the expected plan's label: the
+    float form holds 8 packs per thread, the one-pack form 1, the two-pack form 2 (softmax_launch.h, LeanForm)."""
+    per_thread = {"lean float": 8, "lean one": 1}.get(plan, 2)
+    return whole_warps(-(-packs // per_thread)), per_thread
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("shape,dtype,out_dtype,plan", [
     ((128, 1024), FP16, None, "lean"),              # 128 packs: a CTA of 64 threads x 2 packs per row
@@ -267,8 +274,7 @@ def test_few_forward_rows_of_256_to_8192_columns_take_a_lean_cta_per_row(shape, 
     assert ("lean instance" in line) == plan.startswith("lean"), line
     if plan.startswith("lean"):
         packs = shape[1] // vec16(dtype)  # peeled rows: the aligned body's packs
-        per_thread = {"lean float": 8, "lean one": 1}.get(plan, 2)
-        threads = whole_warps(-(-packs // per_thread))
+        threads, per_thread = lean_cta_shape(plan, packs)
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line  # a CTA per row
         assert f"{per_thread} pack(s) per thread" in line, line
     else:
@@ -325,8 +331,7 @@ def test_many_16_bit_rows_of_one_wave_take_the_lean_one_pack_form(shape, dtype, 
     16-bit result take the lean one-pack form where its CTAs fit on the device at once (session 46)."""
     line = plan_line(shape, dtype, op, out_dtype)
     if plan.startswith("lean"):
-        per_thread = 1 if plan == "lean one" else 2
-        threads = whole_warps(-(-(shape[1] // 8) // per_thread))
+        threads, per_thread = lean_cta_shape(plan, shape[1] // vec16(dtype))
         assert f"kernel block_onepass: {shape[0]} CTAs x {threads} threads" in line, line
         assert f"{per_thread} pack(s) per thread" in line and "lean instance" in line, line
     else:
