@@ -4,6 +4,37 @@ AOTAutograd see a single backward op rather than a decomposition)."""
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
+
+# What to use instead where a derivative the ops lack is asked for (refuse_untracked_derivatives).
+_TORCH_FORM = {
+    "softmax": "torch.softmax", "log_softmax": "torch.log_softmax",
+    "fused_topk": "torch.topk(torch.softmax(x, dim), k, dim)", "softmax_backward": "torch.softmax",
+    "log_softmax_backward": "torch.log_softmax", "fused_topk_backward": "torch.topk(torch.softmax(x, dim), k, dim)",
+}
+
+
+def refuse_untracked_derivatives(op: str, args: tuple) -> None:
+    """Raise where a derivative of ``op`` would be silently wrong. The ops have backward formulas only. Under
+    forward-mode AD (``forward_ad.make_dual``, ``torch.func.jvp`` / ``jacfwd``) torch runs an op whose inputs do
+    not require grad without its autograd formula, so the tangent came out missing or zero; inside
+    ``torch.func.grad`` / ``vjp`` / ``jacrev`` torch raised an unrelated error. Checked in the op's autograd
+    kernel, where torch.func's wrapped tensors still carry their tangents (the CPU / CUDA kernels see them
+    unwrapped): every call form is covered, public wrappers and ``torch.ops.softmax_ops.*`` alike. An input
+    without a tangent (a constant inside ``jvp``, ``vmap`` inside a dual level) runs as usual."""
+    # Cheap where nothing can be refused (this runs on every call): no dual level open, grad mode off.
+    if forward_ad._current_level >= 0:  # a dual level is open: only then can an input carry a tangent
+        refused = any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
+    elif torch.is_grad_enabled():
+        refused = any(isinstance(a, torch.Tensor) and a.requires_grad and torch._C._functorch.is_gradtrackingtensor(a)
+                      for a in args)
+    else:
+        return
+    if refused:
+        raise RuntimeError(
+            f"softmax_ops.{op}: forward-mode AD and torch.func.grad / jvp / jacrev / jacfwd are not supported "
+            f"(the op has a backward formula only); use {_TORCH_FORM[op]} there"
+        )
 
 
 def _softmax_setup(ctx, inputs, output) -> None:
@@ -97,26 +128,35 @@ def _nothing_to_save(ctx, inputs, output) -> None:
     pass
 
 
+def _register_autograd(op: str, backward, setup_context) -> None:
+    """torch.library.register_autograd's kernel for ``softmax_ops::op``, behind refuse_untracked_derivatives.
+    Built from the same private helper register_autograd uses (torch._library.autograd, unchanged since torch
+    2.4); where a torch lacks it, the plain registration, whose kernels still refuse dual tensors at level 0."""
+    try:
+        from torch._library.autograd import Info, make_autograd_impl
+    except ImportError:
+        torch.library.register_autograd(f"softmax_ops::{op}", backward, setup_context=setup_context)
+        return
+    autograd_kernel = make_autograd_impl(getattr(torch.ops.softmax_ops, op).default, Info(backward, setup_context))
+
+    def checked_autograd_kernel(keyset, *args):
+        refuse_untracked_derivatives(op, args)
+        return autograd_kernel(keyset, *args)
+
+    _LIBRARY.impl(op, checked_autograd_kernel, "Autograd", with_keyset=True)
+
+
+_LIBRARY = torch.library.Library("softmax_ops", "FRAGMENT")
+
+
 def register() -> None:
     """Attach the backward formulas to softmax, log_softmax and fused_topk, and the double-backward formulas
     to softmax_backward and log_softmax_backward (in torch ops: higher-order derivatives, as torch supports for
-    its softmax); differentiating fused_topk_backward raises instead of silently giving a wrong result."""
-    torch.library.register_autograd(
-        "softmax_ops::softmax", _softmax_backward, setup_context=_softmax_setup
-    )
-    torch.library.register_autograd(
-        "softmax_ops::log_softmax", _log_softmax_backward, setup_context=_softmax_setup
-    )
-    torch.library.register_autograd(
-        "softmax_ops::fused_topk", _fused_topk_backward, setup_context=_fused_topk_setup
-    )
-    torch.library.register_autograd(
-        "softmax_ops::softmax_backward", _softmax_backward_backward, setup_context=_backward_setup
-    )
-    torch.library.register_autograd(
-        "softmax_ops::log_softmax_backward", _log_softmax_backward_backward, setup_context=_backward_setup
-    )
-    torch.library.register_autograd(
-        "softmax_ops::fused_topk_backward", _no_double_backward("fused_topk_backward"),
-        setup_context=_nothing_to_save
-    )
+    its softmax); differentiating fused_topk_backward raises instead of silently giving a wrong result, and so
+    does asking any of them for a derivative they have no formula for (refuse_untracked_derivatives)."""
+    _register_autograd("softmax", _softmax_backward, _softmax_setup)
+    _register_autograd("log_softmax", _log_softmax_backward, _softmax_setup)
+    _register_autograd("fused_topk", _fused_topk_backward, _fused_topk_setup)
+    _register_autograd("softmax_backward", _softmax_backward_backward, _backward_setup)
+    _register_autograd("log_softmax_backward", _log_softmax_backward_backward, _backward_setup)
+    _register_autograd("fused_topk_backward", _no_double_backward("fused_topk_backward"), _nothing_to_save)

@@ -3,25 +3,6 @@
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad
-
-_TORCH_FORM = {"softmax": "torch.softmax", "log_softmax": "torch.log_softmax",
-               "fused_topk": "torch.topk(torch.softmax(x, dim), k, dim)"}
-
-
-def _refuse_untracked_derivatives(op: str, x: torch.Tensor) -> None:
-    """Raise where a derivative of ``op`` would be silently wrong. The ops have backward formulas only: under
-    forward-mode AD (dual tensors, ``torch.func.jvp``) their tangents came out missing or zero, and inside
-    ``torch.func.grad`` autograd raised an unrelated error. ``torch.func.vmap`` works (per sample)."""
-    if torch.compiler.is_compiling():
-        return  # the compile pass leaves graphs with these transforms alone; Dynamo must not trace these checks
-    dual = forward_ad._current_level >= 0 and forward_ad.unpack_dual(x).tangent is not None
-    if dual or torch._C._functorch.is_gradtrackingtensor(x):
-        raise RuntimeError(
-            f"softmax_ops.{op}: forward-mode AD and torch.func.grad / jvp / jacrev / jacfwd are not supported "
-            f"(the op has a backward formula only); use {_TORCH_FORM[op]} there"
-        )
-
 
 # Python's scalar types stand for these dtypes wherever torch takes a dtype (torch.softmax(x, 0, dtype=float) is
 # float64); the op schemas take torch.dtype only.
@@ -46,7 +27,6 @@ def softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None = N
         >>> softmax_ops.softmax(x, dim=-1)
         tensor([[0.0900, 0.2447, 0.6652]])
     """
-    _refuse_untracked_derivatives("softmax", x)
     return torch.ops.softmax_ops.softmax.default(x, dim, as_dtype(dtype))
 
 
@@ -58,7 +38,6 @@ def log_softmax(x: torch.Tensor, dim: int = -1, dtype: torch.dtype | type | None
         >>> softmax_ops.log_softmax(torch.tensor([0.0, 0.0]), dim=0)
         tensor([-0.6931, -0.6931])
     """
-    _refuse_untracked_derivatives("log_softmax", x)
     return torch.ops.softmax_ops.log_softmax.default(x, dim, as_dtype(dtype))
 
 
@@ -90,5 +69,4 @@ def fused_topk(
         >>> softmax_ops.fused_topk(torch.tensor([[1.0, 3.0, 2.0]]), k=2, renormalize=True)[0]
         tensor([[0.7311, 0.2689]])
     """
-    _refuse_untracked_derivatives("fused_topk", x)
     return torch.ops.softmax_ops.fused_topk.default(x, k, dim, renormalize, as_dtype(dtype))

@@ -444,6 +444,7 @@ def test_direct_op_calls_refuse_dual_tensors(op, requires_grad, device):
     y = torch.softmax(x, -1)
     with forward_ad.dual_level():
         dual = forward_ad.make_dual(x.clone().requires_grad_(requires_grad), torch.ones_like(x))
+        dual_values = forward_ad.make_dual(values, torch.ones_like(values))
         calls = {
             "softmax": lambda: torch.ops.softmax_ops.softmax(dual, -1, None),
             "log_softmax": lambda: torch.ops.softmax_ops.log_softmax(dual, -1, torch.float32),
@@ -451,14 +452,65 @@ def test_direct_op_calls_refuse_dual_tensors(op, requires_grad, device):
             "softmax_backward": lambda: torch.ops.softmax_ops.softmax_backward(dual, y, -1, torch.float64),
             "log_softmax_backward": lambda: torch.ops.softmax_ops.log_softmax_backward(y, dual, -1, torch.float64),
             "fused_topk_backward": lambda: torch.ops.softmax_ops.fused_topk_backward(
-                forward_ad.make_dual(values, torch.ones_like(values)), x, values, indices, -1, False),
+                dual_values, x, values, indices, -1, False),
         }
-        # With requires_grad, torch's autograd.Function refuses first (NotImplementedError, a RuntimeError).
-        message = "jvp function for custom autograd.Function|" if requires_grad else ""
-        with pytest.raises(RuntimeError, match=message + f"softmax_ops.{op}: forward-mode AD is not supported"):
+        # The op's autograd kernel refuses (_autograd.refuse_untracked_derivatives) ...
+        with pytest.raises(RuntimeError, match=f"softmax_ops.{op}: forward-mode AD and torch.func.grad"):
+            calls[op]()
+        # ... and below it, the CPU / CUDA kernels still refuse a dual tensor themselves (op_checks.cpp).
+        with torch._C._AutoDispatchBelowAutograd(), pytest.raises(
+                RuntimeError, match=f"softmax_ops.{op}: forward-mode AD is not supported"):
             calls[op]()
     # Outside the dual level the same tensors are plain again.
     assert torch.equal(torch.ops.softmax_ops.softmax(x, -1, None), softmax_ops.softmax(x, -1))
+
+
+DIRECT_FORWARDS = {
+    "softmax": lambda t: torch.ops.softmax_ops.softmax(t, -1, None),
+    "log_softmax": lambda t: torch.ops.softmax_ops.log_softmax(t, -1, None),
+    "fused_topk": lambda t: torch.ops.softmax_ops.fused_topk(t, 2, -1, True, None)[0],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(DIRECT_FORWARDS))
+def test_direct_op_calls_refuse_torch_func_derivatives(op, device):
+    # torch.ops.softmax_ops.* under torch.func.jvp / jacfwd returned an all-zero tangent without an error: torch
+    # skips an op's autograd formula where no input requires grad, and the kernels below see torch.func's tensors
+    # unwrapped, without their tangents. Under torch.func.grad torch raised an unrelated error.
+    forward = DIRECT_FORWARDS[op]
+    x = make_input((3, 5), torch.float64, device, seed=23)
+    tangent = make_input((3, 5), torch.float64, device, seed=24)
+    message = f"softmax_ops.{op}: forward-mode AD and torch.func.grad"
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(forward, (x,), (tangent,))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jacfwd(forward)(x[0])
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(torch.func.vmap(forward), (x[None],), (tangent[None],))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.grad(lambda t: forward(t).sum())(x)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("op", list(PUBLIC_FORWARDS))
+def test_inputs_without_a_tangent_run_under_forward_mode_ad(op, device):
+    # Only an input that carries a tangent is refused: a constant inside torch.func.jvp has none (its tangent
+    # contribution is zero, exactly), and vmap inside a dual level once raised "Batching rule not implemented
+    # for aten::_unpack_dual" from the public wrappers' own check.
+    from torch.autograd import forward_ad
+
+    forward = PUBLIC_FORWARDS[op]
+    reference = {"softmax": lambda t: torch.softmax(t, -1), "log_softmax": lambda t: torch.log_softmax(t, -1),
+                 "fused_topk": lambda t: torch.topk(torch.softmax(t, -1), 2).values}[op]
+    x = make_input((3, 5), torch.float64, device, seed=25)
+    tangent = make_input((3, 5), torch.float64, device, seed=26)
+    constant = make_input((3, 5), torch.float64, device, seed=27)
+    ours = torch.func.jvp(lambda t: t[..., :2] * forward(constant)[..., :2], (x,), (tangent,))
+    expected = torch.func.jvp(lambda t: t[..., :2] * reference(constant)[..., :2], (x,), (tangent,))
+    torch.testing.assert_close(ours, expected)
+    with forward_ad.dual_level():
+        torch.testing.assert_close(torch.func.vmap(forward)(x), reference(x))
 
 
 @pytest.mark.parametrize("device", DEVICES)
