@@ -19,12 +19,15 @@ become the replacement's dtype, and a softmax whose neighbours inductor would co
 is left to inductor (_fusion.py). Every candidate left alone is reported with the reason.
 
 Ties: fused_topk ranks by logit, equal logits to the lower index; torch.topk ranks the rounded probabilities
-and does not specify which of several equal values it returns (on CPU the lower index). Where distinct logits
-give probabilities that round to the same value, the two return different indices of the same values. With
-16-bit probabilities that is common: in random bfloat16 router rows of 64-256 experts (k = 8) 2-4% of rows got
-a different expert set, float16 a different order in 3% (session 28's CPU comparison). So softmax_topk and
-softmax_topk_renorm are rewritten only where the probabilities are float32 or float64, where such ties need
-logits within about one float32 rounding step of each other, or probabilities that underflow to 0.
+and does not specify which of several equal values it returns. On CUDA it keeps the lowest indices among the
+values tied at the k-th place (TensorTopK.cu gathers them in index order), ours too, but may order tied values
+within the k otherwise; on CPU it keeps any of them (README, "Limits"). Where distinct logits give
+probabilities that round to the same value, torch treats them as tied where fused_topk keeps the larger logit,
+so the two can return different indices of the same values. With 16-bit probabilities that is common: in
+random bfloat16 router rows of 64-256 experts (k = 8) 2-4% of rows got a different expert set, float16 a
+different order in 3% (session 28's CPU comparison). So softmax_topk and softmax_topk_renorm are rewritten only
+where the probabilities are float32 or float64, where such ties need logits within about one float32 rounding
+step of each other, or probabilities that underflow to 0.
 
 Dtypes come from the nodes' example values, which Dynamo computed under the autocast state in force. When
 autocast changed a softmax's output dtype, the replacement passes that dtype explicitly: torch's ``dtype=``

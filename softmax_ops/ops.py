@@ -57,9 +57,10 @@ def fused_topk(
 
     Order: by logit, i.e. by probability before it is rounded to the result dtype; equal logits go to the lower
     index. Where distinct logits give probabilities that round (or underflow) to the same value, the larger
-    logit comes first, while ``torch.topk`` of the rounded probabilities orders those ties its own way (on CPU,
-    the lower index first), so the indices can differ there. With float16 / bfloat16 results such ties are
-    common (the torch.compile pass therefore leaves ``topk(softmax(x))`` with 16-bit probabilities alone).
+    logit comes first, while ``torch.topk`` of the rounded probabilities orders those ties its own way (it
+    promises no order among equal values), so the indices can differ there. With float16 / bfloat16 results
+    such ties are common (the torch.compile pass therefore leaves ``topk(softmax(x))`` with 16-bit
+    probabilities alone).
 
     Example:
         >>> import torch, softmax_ops

@@ -946,8 +946,8 @@ def test_renorm_that_changes_dtype_is_not_fused():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_topk_of_16_bit_probabilities_is_not_fused(dtype):
     # Distinct logits whose probabilities round to the same 16-bit value: torch.topk orders them its own way
-    # (on CPU the lower index first), fused_topk by logit, so the selected indices would differ (_rewrite.py,
-    # "Ties"). The topk, and the renormalisation, stay with torch.
+    # (it promises no order among equal values), fused_topk by logit, so the selected indices would differ
+    # (_rewrite.py, "Ties"). The topk, and the renormalisation, stay with torch.
     from softmax_ops._rewrite import rewrite_graph
 
     outcome = rewrite_graph(_fake_graph(dtype, dtype, dtype), ["cpu"])
