@@ -75,12 +75,15 @@ at::ScalarType softmax_result_dtype(const at::Tensor& self, c10::optional<at::Sc
   }
   TORCH_CHECK_NOT_IMPLEMENTED(is_supported_float(*dtype), "softmax_ops.", op,
                               ": dtype must be float32, float16, bfloat16 or float64, got ", *dtype);
-  // torch casts the input to dtype first, so integer and bool inputs work with a float dtype= too
-  // (torch.softmax(torch.arange(3), 0, dtype=torch.float32)); softmax_kernel_input makes that cast.
-  const bool castable = is_supported_float(self.scalar_type()) || at::isIntegralType(self.scalar_type(), true);
+  // torch casts the input to dtype first, so integer, bool, complex (its real part, with torch's warning) and
+  // float8 inputs work with a float dtype= too (torch.softmax(torch.arange(3), 0, dtype=torch.float32));
+  // softmax_kernel_input makes that cast.
+  const at::ScalarType in = self.scalar_type();
+  const bool castable =
+      is_supported_float(in) || at::isIntegralType(in, true) || at::isComplexType(in) || at::isFloat8Type(in);
   TORCH_CHECK_NOT_IMPLEMENTED(castable, "softmax_ops.", op,
-                              ": self must be float32, float16, bfloat16 or float64 (or an integer or ",
-                              "bool tensor with a float dtype=), got ", self.scalar_type());
+                              ": self must be float32, float16, bfloat16 or float64 (or an integer, bool, ",
+                              "complex or float8 tensor with a float dtype=), got ", in);
   return *dtype;
 }
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import torch
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# c10's isFloat8Type: inputs that a float dtype= casts (as torch does), like integers and complex numbers.
+_FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn",
+                                                  "float8_e4m3fnuz", "float8_e8m0fnu") if hasattr(torch, name))
 
 
 def _check_float(t: torch.Tensor, op: str, arg: str) -> None:
@@ -37,11 +40,11 @@ def _result_dtype(x: torch.Tensor, dtype: torch.dtype | None, op: str) -> torch.
         dtype in _FLOATS,
         lambda: f"softmax_ops.{op}: dtype must be float32, float16, bfloat16 or float64, got {dtype}",
     )
-    # The input is cast to dtype first (as torch does), so integer and bool inputs are fine with it.
+    # The input is cast to dtype first (as torch does), so integer, bool, complex and float8 inputs are fine.
     torch._check_not_implemented(
-        x.dtype in _FLOATS or not (x.dtype.is_floating_point or x.dtype.is_complex),
-        lambda: f"softmax_ops.{op}: self must be float32, float16, bfloat16 or float64 (or an integer or bool "
-        f"tensor with a float dtype=), got {x.dtype}",
+        x.dtype in _FLOATS or x.dtype in _FLOAT8 or x.dtype.is_complex or not x.dtype.is_floating_point,
+        lambda: f"softmax_ops.{op}: self must be float32, float16, bfloat16 or float64 (or an integer, bool, "
+        f"complex or float8 tensor with a float dtype=), got {x.dtype}",
     )
     return dtype
 

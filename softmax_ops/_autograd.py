@@ -37,6 +37,12 @@ def refuse_untracked_derivatives(op: str, args: tuple) -> None:
         )
 
 
+# The dtypes the kernels read. A differentiable input of another dtype (complex, float8) reaches them cast to
+# the dtype= result first, as in torch: its gradient is computed in that dtype, then cast back through the cast,
+# as torch's autograd does (a complex input gets a real gradient as complex).
+_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
 def _softmax_setup(ctx, inputs, output) -> None:
     x, dim, _dtype = inputs
     ctx.dim = dim
@@ -44,16 +50,19 @@ def _softmax_setup(ctx, inputs, output) -> None:
     ctx.save_for_backward(output)
 
 
-def _softmax_backward(ctx, grad_output):
+def _softmax_family_backward(backward_op, ctx, grad_output):
     (output,) = ctx.saved_tensors
-    grad = torch.ops.softmax_ops.softmax_backward.default(grad_output, output, ctx.dim, ctx.input_dtype)
-    return grad, None, None
+    read_dtype = ctx.input_dtype if ctx.input_dtype in _KERNEL_DTYPES else output.dtype
+    grad = backward_op(grad_output, output, ctx.dim, read_dtype)
+    return grad.to(ctx.input_dtype), None, None
+
+
+def _softmax_backward(ctx, grad_output):
+    return _softmax_family_backward(torch.ops.softmax_ops.softmax_backward.default, ctx, grad_output)
 
 
 def _log_softmax_backward(ctx, grad_output):
-    (output,) = ctx.saved_tensors
-    grad = torch.ops.softmax_ops.log_softmax_backward.default(grad_output, output, ctx.dim, ctx.input_dtype)
-    return grad, None, None
+    return _softmax_family_backward(torch.ops.softmax_ops.log_softmax_backward.default, ctx, grad_output)
 
 
 def _fused_topk_setup(ctx, inputs, output) -> None:
@@ -61,9 +70,11 @@ def _fused_topk_setup(ctx, inputs, output) -> None:
     values, indices = output
     ctx.dim = dim
     ctx.renormalize = renormalize
+    ctx.input_dtype = x.dtype
+    logits = x if x.dtype in _KERNEL_DTYPES else x.to(values.dtype)  # what the forward read (_KERNEL_DTYPES)
     # A private copy of the values (k per row): callers write into returned router weights in place (a scale,
     # a renormalisation with an epsilon), which torch's topk allows, since it saves only its indices.
-    ctx.save_for_backward(x, values.detach().clone(), indices)
+    ctx.save_for_backward(logits, values.detach().clone(), indices)
 
 
 def _fused_topk_backward(ctx, grad_values, _grad_indices):
@@ -71,7 +82,7 @@ def _fused_topk_backward(ctx, grad_values, _grad_indices):
     grad = torch.ops.softmax_ops.fused_topk_backward.default(
         grad_values, x, values, indices, ctx.dim, ctx.renormalize
     )
-    return grad, None, None, None, None
+    return grad.to(ctx.input_dtype), None, None, None, None
 
 
 def _backward_setup(ctx, inputs, output) -> None:
