@@ -412,14 +412,25 @@ PUBLIC_FORWARDS = {
 }
 
 
+# The same forwards as torch.ops calls, which the public functions wrap.
+DIRECT_FORWARDS = {
+    "softmax": lambda t: torch.ops.softmax_ops.softmax(t, -1, None),
+    "log_softmax": lambda t: torch.ops.softmax_ops.log_softmax(t, -1, None),
+    "fused_topk": lambda t: torch.ops.softmax_ops.fused_topk(t, 2, -1, True, None)[0],
+}
+
+
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", ["public", "direct"])
 @pytest.mark.parametrize("op", list(PUBLIC_FORWARDS))
-def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
-    # The ops have backward formulas only: forward-mode AD dropped the tangent (None) and torch.func.jvp
-    # returned zeros, both without an error.
+def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, form, device):
+    # The ops have backward formulas only: forward-mode AD dropped the tangent (None) and torch.func.jvp / jacfwd
+    # returned zeros, both without an error; torch.func.grad raised an unrelated one. Through torch.ops calls the
+    # zeros stayed after the public functions refused: torch skips an op's autograd formula where no input
+    # requires grad, and the kernels below see torch.func's tensors unwrapped, without their tangents.
     from torch.autograd import forward_ad
 
-    forward = PUBLIC_FORWARDS[op]
+    forward = (PUBLIC_FORWARDS if form == "public" else DIRECT_FORWARDS)[op]
     x = make_input((3, 5), torch.float64, device, seed=19)
     tangent = make_input((3, 5), torch.float64, device, seed=20)
     message = f"softmax_ops.{op}: forward-mode AD and torch.func.grad"
@@ -427,6 +438,10 @@ def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, device):
         forward(forward_ad.make_dual(x, tangent))
     with pytest.raises(RuntimeError, match=message):
         torch.func.jvp(forward, (x,), (tangent,))
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jacfwd(forward)(x[0])
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(torch.func.vmap(forward), (x[None],), (tangent[None],))
     with pytest.raises(RuntimeError, match=message):
         torch.func.grad(lambda t: forward(t).sum())(x)
 
@@ -464,33 +479,6 @@ def test_direct_op_calls_refuse_dual_tensors(op, requires_grad, device):
             calls[op]()
     # Outside the dual level the same tensors are plain again.
     assert torch.equal(torch.ops.softmax_ops.softmax(x, -1, None), softmax_ops.softmax(x, -1))
-
-
-DIRECT_FORWARDS = {
-    "softmax": lambda t: torch.ops.softmax_ops.softmax(t, -1, None),
-    "log_softmax": lambda t: torch.ops.softmax_ops.log_softmax(t, -1, None),
-    "fused_topk": lambda t: torch.ops.softmax_ops.fused_topk(t, 2, -1, True, None)[0],
-}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("op", list(DIRECT_FORWARDS))
-def test_direct_op_calls_refuse_torch_func_derivatives(op, device):
-    # torch.ops.softmax_ops.* under torch.func.jvp / jacfwd returned an all-zero tangent without an error: torch
-    # skips an op's autograd formula where no input requires grad, and the kernels below see torch.func's tensors
-    # unwrapped, without their tangents. Under torch.func.grad torch raised an unrelated error.
-    forward = DIRECT_FORWARDS[op]
-    x = make_input((3, 5), torch.float64, device, seed=23)
-    tangent = make_input((3, 5), torch.float64, device, seed=24)
-    message = f"softmax_ops.{op}: forward-mode AD and torch.func.grad"
-    with pytest.raises(RuntimeError, match=message):
-        torch.func.jvp(forward, (x,), (tangent,))
-    with pytest.raises(RuntimeError, match=message):
-        torch.func.jacfwd(forward)(x[0])
-    with pytest.raises(RuntimeError, match=message):
-        torch.func.jvp(torch.func.vmap(forward), (x[None],), (tangent[None],))
-    with pytest.raises(RuntimeError, match=message):
-        torch.func.grad(lambda t: forward(t).sum())(x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
