@@ -31,7 +31,7 @@ def main() -> None:
     generator = torch.Generator(device="cpu").manual_seed(args.seed)
     print(f"torch {torch.__version__}, device {args.device}"
           + (f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""))
-    print("logits   probabilities  rows x experts k  tied rows  other set  other order  (shares of rows)")
+    print("logits   probabilities  rows x experts k  tied rows  other set  same set, other order  (shares of rows)")
     for logits_dtype, probs_dtype in [(torch.bfloat16, torch.float32), (torch.float16, torch.float32),
                                       (torch.float32, torch.float32)]:
         for rows, experts, k in SHAPES:
@@ -46,10 +46,10 @@ def main() -> None:
             top = torch.sort(x.float(), -1, descending=True).values
             tied = (top[:, : k + 1].diff(dim=-1) == 0).any(-1)  # a tie within the k or at the k-th place
             other_set = (theirs.indices.sort(-1).values != ours[1].sort(-1).values).any(-1)
-            other_order = (theirs.indices != ours[1]).any(-1)
+            other_order = (theirs.indices != ours[1]).any(-1) & ~other_set  # the same set, in another order
             share = lambda mask: f"{mask.float().mean().item():9.2%}"
             print(f"{str(logits_dtype)[6:]:8} {str(probs_dtype)[6:]:14} {rows:5} x {experts:3} k{k:<3} "
-                  f"{share(tied)}  {share(other_set)}  {share(other_order)}")
+                  f"{share(tied)}  {share(other_set)}  {share(other_order):>21}")
 
 
 if __name__ == "__main__":

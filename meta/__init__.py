@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import torch
 
-_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-# c10's isFloat8Type: inputs that a float dtype= casts (as torch does), like integers and complex numbers.
+from softmax_ops.ops import SUPPORTED_DTYPES as _FLOATS
+
+# Inputs that a float dtype= casts first, as torch does (op_checks.cpp: softmax_result_dtype): c10's
+# isIntegralType with bool, and isFloat8Type; complex dtypes too.
+_INTEGRAL = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.bool) + tuple(
+    getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name))
 _FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e5m2", "float8_e5m2fnuz", "float8_e4m3fn",
                                                   "float8_e4m3fnuz", "float8_e8m0fnu") if hasattr(torch, name))
 
@@ -42,7 +46,7 @@ def _result_dtype(x: torch.Tensor, dtype: torch.dtype | None, op: str) -> torch.
     )
     # The input is cast to dtype first (as torch does), so integer, bool, complex and float8 inputs are fine.
     torch._check_not_implemented(
-        x.dtype in _FLOATS or x.dtype in _FLOAT8 or x.dtype.is_complex or not x.dtype.is_floating_point,
+        x.dtype in _FLOATS or x.dtype in _INTEGRAL or x.dtype in _FLOAT8 or x.dtype.is_complex,
         lambda: f"softmax_ops.{op}: self must be float32, float16, bfloat16 or float64 (or an integer, bool, "
         f"complex or float8 tensor with a float dtype=), got {x.dtype}",
     )

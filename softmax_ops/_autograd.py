@@ -4,7 +4,10 @@ AOTAutograd see a single backward op rather than a decomposition)."""
 from __future__ import annotations
 
 import torch
+from torch._library.autograd import Info, make_autograd_impl  # private: see _register_autograd
 from torch.autograd import forward_ad
+
+from softmax_ops.ops import SUPPORTED_DTYPES
 
 # What to use instead where a derivative the ops lack is asked for (refuse_untracked_derivatives).
 _TORCH_FORM = {
@@ -22,14 +25,16 @@ def refuse_untracked_derivatives(op: str, args: tuple) -> None:
     kernel, where torch.func's wrapped tensors still carry their tangents (the CPU / CUDA kernels see them
     unwrapped): every call form is covered, public wrappers and ``torch.ops.softmax_ops.*`` alike. An input
     without a tangent (a constant inside ``jvp``, ``vmap`` inside a dual level) runs as usual."""
-    # Cheap where nothing can be refused (this runs on every call): no dual level open, grad mode off.
-    if forward_ad._current_level >= 0:  # a dual level is open: only then can an input carry a tangent
-        refused = any(isinstance(a, torch.Tensor) and forward_ad.unpack_dual(a).tangent is not None for a in args)
-    elif torch.is_grad_enabled():
-        refused = any(isinstance(a, torch.Tensor) and a.requires_grad and torch._C._functorch.is_gradtrackingtensor(a)
-                      for a in args)
-    else:
+    # This runs on every call: without a dual level or a torch.func transform nothing can be refused.
+    dual_level_open = forward_ad._current_level >= 0  # only then can an input carry a tangent
+    if not dual_level_open and not torch._C._are_functorch_transforms_active():
         return
+    refused = any(
+        isinstance(a, torch.Tensor)
+        and ((dual_level_open and forward_ad.unpack_dual(a).tangent is not None)
+             or (a.requires_grad and torch._C._functorch.is_gradtrackingtensor(a)))  # torch.func.grad and kin
+        for a in args
+    )
     if refused:
         raise RuntimeError(
             f"softmax_ops.{op}: forward-mode AD and torch.func.grad / jvp / jacrev / jacfwd are not supported "
@@ -37,10 +42,9 @@ def refuse_untracked_derivatives(op: str, args: tuple) -> None:
         )
 
 
-# The dtypes the kernels read. A differentiable input of another dtype (complex, float8) reaches them cast to
+# A differentiable input the kernels do not read (complex, float8: not in SUPPORTED_DTYPES) reaches them cast to
 # the dtype= result first, as in torch: its gradient is computed in that dtype, then cast back through the cast,
 # as torch's autograd does (a complex input gets a real gradient as complex).
-_KERNEL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
 def _softmax_setup(ctx, inputs, output) -> None:
@@ -52,7 +56,7 @@ def _softmax_setup(ctx, inputs, output) -> None:
 
 def _softmax_family_backward(backward_op, ctx, grad_output):
     (output,) = ctx.saved_tensors
-    read_dtype = ctx.input_dtype if ctx.input_dtype in _KERNEL_DTYPES else output.dtype
+    read_dtype = ctx.input_dtype if ctx.input_dtype in SUPPORTED_DTYPES else output.dtype
     grad = backward_op(grad_output, output, ctx.dim, read_dtype)
     return grad.to(ctx.input_dtype), None, None
 
@@ -71,7 +75,7 @@ def _fused_topk_setup(ctx, inputs, output) -> None:
     ctx.dim = dim
     ctx.renormalize = renormalize
     ctx.input_dtype = x.dtype
-    logits = x if x.dtype in _KERNEL_DTYPES else x.to(values.dtype)  # what the forward read (_KERNEL_DTYPES)
+    logits = x if x.dtype in SUPPORTED_DTYPES else x.to(values.dtype)  # what the forward read (SUPPORTED_DTYPES)
     # A private copy of the values (k per row): callers write into returned router weights in place (a scale,
     # a renormalisation with an epsilon), which torch's topk allows, since it saves only its indices.
     ctx.save_for_backward(logits, values.detach().clone(), indices)
@@ -141,13 +145,9 @@ def _nothing_to_save(ctx, inputs, output) -> None:
 
 def _register_autograd(op: str, backward, setup_context) -> None:
     """torch.library.register_autograd's kernel for ``softmax_ops::op``, behind refuse_untracked_derivatives.
-    Built from the same private helper register_autograd uses (torch._library.autograd, unchanged since torch
-    2.4); where a torch lacks it, the plain registration, whose kernels still refuse dual tensors at level 0."""
-    try:
-        from torch._library.autograd import Info, make_autograd_impl
-    except ImportError:
-        torch.library.register_autograd(f"softmax_ops::{op}", backward, setup_context=setup_context)
-        return
+    register_autograd offers no hook before its kernel, so this builds that kernel with the private helper
+    register_autograd itself uses (torch._library.autograd.make_autograd_impl, the same signature from torch 2.4
+    to 2.14; pyproject.toml asks for torch >= 2.8) and registers it the way register_autograd does."""
     autograd_kernel = make_autograd_impl(getattr(torch.ops.softmax_ops, op).default, Info(backward, setup_context))
 
     def checked_autograd_kernel(keyset, *args):

@@ -19,8 +19,6 @@ from torch.fx import Node
 
 from softmax_ops.ops import as_dtype
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-
 _SOFTMAX_PARAMS = ("input", "dim", "dtype")
 # F.softmax / F.log_softmax keep the legacy `_stacklevel` between dim and dtype (nn.Softmax passes it).
 _FUNCTIONAL_SOFTMAX_PARAMS = ("input", "dim", "_stacklevel", "dtype")

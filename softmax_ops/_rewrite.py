@@ -49,7 +49,6 @@ from softmax_ops._fusion import absorb_casts, absorb_widening, fused_neighbour, 
 from softmax_ops._metadata_uses import read_metadata_from, reads_only_metadata
 from softmax_ops._mutations import first_mutation
 from softmax_ops._patterns import (
-    SUPPORTED_DTYPES,
     DivCall,
     SoftmaxCall,
     SumCall,
@@ -68,6 +67,7 @@ from softmax_ops._patterns import (
     tensor_meta,
     wrap_dim,
 )
+from softmax_ops.ops import SUPPORTED_DTYPES
 
 SOFTMAX_TOPK = "softmax_topk"
 SOFTMAX_TOPK_RENORM = "softmax_topk_renorm"

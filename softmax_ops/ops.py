@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+# The dtypes the kernels read and write (inputs of other dtypes reach them cast by dtype=, as in torch).
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
 # Python's scalar types stand for these dtypes wherever torch takes a dtype (torch.softmax(x, 0, dtype=float) is
 # float64); the op schemas take torch.dtype only.
 _PYTHON_TYPE_DTYPES = {float: torch.float64, int: torch.int64, bool: torch.bool, complex: torch.complex128}

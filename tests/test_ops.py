@@ -444,6 +444,13 @@ def test_forward_mode_derivatives_raise_instead_of_a_wrong_tangent(op, form, dev
         torch.func.jvp(torch.func.vmap(forward), (x[None],), (tangent[None],))
     with pytest.raises(RuntimeError, match=message):
         torch.func.grad(lambda t: forward(t).sum())(x)
+    # Reverse mode inside forward mode: the tangent check alone let these reach torch's unrelated error.
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.hessian(lambda t: forward(t).sum())(x[0])
+    with pytest.raises(RuntimeError, match=message):
+        torch.func.jvp(torch.func.grad(lambda t: forward(t).sum()), (x,), (tangent,))
+    with forward_ad.dual_level(), pytest.raises(RuntimeError, match=message):
+        torch.func.grad(lambda t: forward(t).sum())(x)
 
 
 @pytest.mark.parametrize("device", DEVICES)
