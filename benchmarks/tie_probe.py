@@ -18,6 +18,11 @@ import argparse
 SHAPES = [(4096, 8, 2), (4096, 64, 8), (4096, 128, 8), (4096, 256, 8), (4096, 60, 4), (4096, 160, 6)]
 
 
+def share(mask) -> str:
+    """The share of rows where ``mask`` holds, as a percentage column."""
+    return f"{mask.float().mean().item():9.2%}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda")
@@ -47,7 +52,6 @@ def main() -> None:
             tied = (top[:, : k + 1].diff(dim=-1) == 0).any(-1)  # a tie within the k or at the k-th place
             other_set = (theirs.indices.sort(-1).values != ours[1].sort(-1).values).any(-1)
             other_order = (theirs.indices != ours[1]).any(-1) & ~other_set  # the same set, in another order
-            share = lambda mask: f"{mask.float().mean().item():9.2%}"
             print(f"{str(logits_dtype)[6:]:8} {str(probs_dtype)[6:]:14} {rows:5} x {experts:3} k{k:<3} "
                   f"{share(tied)}  {share(other_set)}  {share(other_order):>21}")
 

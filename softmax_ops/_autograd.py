@@ -9,12 +9,10 @@ from torch.autograd import forward_ad
 
 from softmax_ops.ops import SUPPORTED_DTYPES
 
-# What to use instead where a derivative the ops lack is asked for (refuse_untracked_derivatives).
-_TORCH_FORM = {
-    "softmax": "torch.softmax", "log_softmax": "torch.log_softmax",
-    "fused_topk": "torch.topk(torch.softmax(x, dim), k, dim)", "softmax_backward": "torch.softmax",
-    "log_softmax_backward": "torch.log_softmax", "fused_topk_backward": "torch.topk(torch.softmax(x, dim), k, dim)",
-}
+# What to use instead where a derivative the ops lack is asked for (refuse_untracked_derivatives); a backward
+# op's entry is its forward's.
+_TORCH_FORM = {"softmax": "torch.softmax", "log_softmax": "torch.log_softmax",
+               "fused_topk": "torch.topk(torch.softmax(x, dim), k, dim)"}
 
 
 def refuse_untracked_derivatives(op: str, args: tuple) -> None:
@@ -38,7 +36,7 @@ def refuse_untracked_derivatives(op: str, args: tuple) -> None:
     if refused:
         raise RuntimeError(
             f"softmax_ops.{op}: forward-mode AD and torch.func.grad / jvp / jacrev / jacfwd are not supported "
-            f"(the op has a backward formula only); use {_TORCH_FORM[op]} there"
+            f"(the op has a backward formula only); use {_TORCH_FORM[op.removesuffix('_backward')]} there"
         )
 
 
@@ -143,6 +141,9 @@ def _nothing_to_save(ctx, inputs, output) -> None:
     pass
 
 
+_LIBRARY = torch.library.Library("softmax_ops", "FRAGMENT")
+
+
 def _register_autograd(op: str, backward, setup_context) -> None:
     """torch.library.register_autograd's kernel for ``softmax_ops::op``, behind refuse_untracked_derivatives.
     register_autograd offers no hook before its kernel, so this builds that kernel with the private helper
@@ -155,9 +156,6 @@ def _register_autograd(op: str, backward, setup_context) -> None:
         return autograd_kernel(keyset, *args)
 
     _LIBRARY.impl(op, checked_autograd_kernel, "Autograd", with_keyset=True)
-
-
-_LIBRARY = torch.library.Library("softmax_ops", "FRAGMENT")
 
 
 def register() -> None:

@@ -7,7 +7,6 @@ CUDA-kernel-specific coverage (every kernel forced across its size boundaries) l
 from __future__ import annotations
 
 import math
-import warnings
 
 import pytest
 import torch
@@ -613,19 +612,18 @@ def test_integer_and_bool_inputs_with_a_float_dtype_match_torch(in_dtype, device
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("in_dtype", [torch.complex64, torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.filterwarnings("ignore:Casting complex values to real discards the imaginary part")
 def test_complex_and_float8_inputs_with_a_float_dtype_match_torch(in_dtype, device):
     # torch casts any of these to dtype= first (a complex input to its real part, with a warning); the ops
     # refused them with NotImplementedError where torch returned a result.
     x = torch.randn(4, 6, generator=torch.Generator().manual_seed(28)).to(in_dtype).to(device)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Casting complex values to real discards the imaginary part")
-        for ours, theirs in [(softmax_ops.softmax, torch.softmax), (softmax_ops.log_softmax, torch.log_softmax)]:
-            for dtype in (torch.float32, torch.bfloat16):
-                torch.testing.assert_close(ours(x, -1, dtype=dtype), theirs(x, -1, dtype=dtype))
-                fake = ours(x.to("meta"), -1, dtype=dtype)
-                assert fake.dtype == dtype and fake.shape == x.shape
-        values, indices = softmax_ops.fused_topk(x, 2, dtype=torch.float32)
-        expected = torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2).values
+    for ours, theirs in [(softmax_ops.softmax, torch.softmax), (softmax_ops.log_softmax, torch.log_softmax)]:
+        for dtype in (torch.float32, torch.bfloat16):
+            torch.testing.assert_close(ours(x, -1, dtype=dtype), theirs(x, -1, dtype=dtype))
+            fake = ours(x.to("meta"), -1, dtype=dtype)
+            assert fake.dtype == dtype and fake.shape == x.shape
+    values, indices = softmax_ops.fused_topk(x, 2, dtype=torch.float32)
+    expected = torch.topk(torch.softmax(x, -1, dtype=torch.float32), 2).values
     torch.testing.assert_close(values, expected)
     torch.testing.assert_close(torch.softmax(x.to(torch.float32), -1).gather(-1, indices), values)
     # Gradients: computed in the result dtype, then cast back to the input's dtype, as torch's autograd does
@@ -638,18 +636,16 @@ def test_complex_and_float8_inputs_with_a_float_dtype_match_torch(in_dtype, devi
               lambda t: torch.log_softmax(t, -1, dtype=torch.float32)),
              (lambda t: softmax_ops.fused_topk(t, 2, dtype=torch.float32)[0],
               lambda t: torch.topk(torch.softmax(t, -1, dtype=torch.float32), 2).values)]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "Casting complex values to real discards the imaginary part")
-        for ours, theirs in pairs:
-            grads = []
-            for forward in (ours, theirs):
-                leaf = x.detach().requires_grad_()
-                out = forward(leaf)
-                (out * weights[:, : out.shape[-1]]).sum().backward()
-                grads.append(leaf.grad)
-            assert grads[0].dtype == grads[1].dtype == in_dtype
-            torch.testing.assert_close(grads[0].to(torch.complex128), grads[1].to(torch.complex128), rtol=rtol,
-                                       atol=1e-6)
+    for ours, theirs in pairs:
+        grads = []
+        for forward in (ours, theirs):
+            leaf = x.detach().requires_grad_()
+            out = forward(leaf)
+            (out * weights[:, : out.shape[-1]]).sum().backward()
+            grads.append(leaf.grad)
+        assert grads[0].dtype == grads[1].dtype == in_dtype
+        torch.testing.assert_close(grads[0].to(torch.complex128), grads[1].to(torch.complex128), rtol=rtol,
+                                   atol=1e-6)
 
 
 @pytest.mark.parametrize("device", DEVICES + ["meta"])
